@@ -1,0 +1,34 @@
+# condfs: see README.md. Every target works on a fresh machine after .ci/run's installs.
+GO      ?= go
+BIN     := bin/condfs
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all build test lint demo bench fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/condfs
+
+# The whole test suite. Integration tests need root and /dev/fuse; in CI
+# (CI=true) they must run, elsewhere they skip with a reason.
+test:
+	$(GO) test -race -count=1 ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+demo: build
+	./examples/demo.sh $(BIN)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./constraints/ ./acl/
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./constraints/internal/expr/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,8 @@
+package main
+
+import "io"
+
+func runServe(args []string, stdout, stderr io.Writer) error  { return nil }
+func runCtl(args []string, stdout, stderr io.Writer) error    { return nil }
+func runACL(args []string, stdout, stderr io.Writer) error    { return nil }
+func runBlocks(args []string, stdout, stderr io.Writer) error { return nil }

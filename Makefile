@@ -28,7 +28,7 @@ bench:
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./constraints/internal/expr/
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 200x ./constraints/internal/expr/
 
 clean:
 	rm -rf bin

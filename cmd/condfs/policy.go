@@ -73,7 +73,7 @@ func policyLint(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() != 1 {
 		return usageErr(stderr, fs, "want exactly one FILE")
 	}
-	p, err := loadPolicy(fs.Arg(0), stdout, false)
+	p, err := loadPolicy(fs.Arg(0), stderr, false)
 	if err != nil {
 		return err
 	}

@@ -489,6 +489,9 @@ func (p *parser) quantifier() Node {
 	p.inBody = true
 	p.enter(t.pos)
 	body := p.primary()
+	if p.isWord("and") || p.isWord("or") {
+		p.bodyOp(p.tok.pos, p.tok.text)
+	}
 	p.nesting--
 	p.inBody = saved
 	p.quant--

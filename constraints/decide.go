@@ -3,9 +3,9 @@ package constraints
 import (
 	"fmt"
 
-	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/constraints/internal/expr"
 	"github.com/condfs/condfs/constraints/internal/value"
+	cctx "github.com/condfs/condfs/context"
 )
 
 // Request limits from the spec.

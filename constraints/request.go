@@ -3,8 +3,8 @@ package constraints
 import (
 	"fmt"
 
-	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/constraints/internal/value"
+	cctx "github.com/condfs/condfs/context"
 )
 
 // DecodeBatchRequest decodes one `policy eval --batch` line:

@@ -5,8 +5,8 @@ import (
 	"regexp"
 	"strings"
 
-	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/constraints/internal/value"
+	cctx "github.com/condfs/condfs/context"
 )
 
 // Tri is a Kleene truth value. The order False < Unknown < True makes "and"

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/constraints/internal/value"
+	cctx "github.com/condfs/condfs/context"
 )
 
 func mustJSON(t testing.TB, s string) *value.Value {

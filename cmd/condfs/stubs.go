@@ -2,7 +2,5 @@ package main
 
 import "io"
 
-func runServe(args []string, stdout, stderr io.Writer) error  { return nil }
-func runCtl(args []string, stdout, stderr io.Writer) error    { return nil }
-func runACL(args []string, stdout, stderr io.Writer) error    { return nil }
-func runBlocks(args []string, stdout, stderr io.Writer) error { return nil }
+func runServe(args []string, stdout, stderr io.Writer) error { return nil }
+func runCtl(args []string, stdout, stderr io.Writer) error   { return nil }

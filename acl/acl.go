@@ -1,0 +1,231 @@
+// Package acl holds the path rules and prompt-block rules of
+// conditions.toml, compiled into an immutable Config that answers "may this
+// context see this path?" on every FUSE lookup.
+//
+// A Config is a snapshot: it is built whole, validated, and never changed.
+// Hot reload builds a new one and swaps a pointer, so a reader sees either
+// the old rules or the new ones, never a mix.
+//
+// Decision for a canonical path, given a context (conditions.md):
+//  1. a matching deny rule whose condition holds: deny;
+//  2. else a matching allow rule whose condition holds: allow;
+//  3. else, if any rule matched the path: deny;
+//  4. else: allow.
+//
+// A key ending in "/" is a prefix: it matches the directory itself and
+// everything under it ("/" matches the whole space); any other key matches
+// exactly one path.
+package acl
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	cctx "github.com/condfs/condfs/context"
+)
+
+// Space is one of the two gated trees.
+type Space uint8
+
+// The spaces.
+const (
+	Memories Space = iota
+	Workspace
+	numSpaces
+)
+
+func (s Space) String() string {
+	if s == Workspace {
+		return "workspace"
+	}
+	return "memories"
+}
+
+// ParseSpace reads "memories" or "workspace".
+func ParseSpace(s string) (Space, error) {
+	switch s {
+	case "memories":
+		return Memories, nil
+	case "workspace":
+		return Workspace, nil
+	}
+	return 0, fmt.Errorf("space %q: want memories or workspace", s)
+}
+
+// Spaces lists the spaces in order.
+var Spaces = []Space{Memories, Workspace}
+
+// Canon canonicalises a requested path: a leading "/" added, ".", ".." and
+// "//" resolved lexically (".." never climbs above the space root),
+// a trailing "/" dropped. A NUL byte is refused.
+func Canon(p string) (string, error) {
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", fmt.Errorf("path contains a NUL byte")
+	}
+	return path.Clean("/" + p), nil
+}
+
+// Config is a loaded conditions.toml. It is immutable and safe for
+// concurrent use.
+type Config struct {
+	file   string
+	spaces [numSpaces]*node
+	ruled  [numSpaces]bool
+	blocks []blockRule
+}
+
+type rule struct {
+	key  string // as normalised, with a trailing "/" for prefixes
+	deny bool
+	cond cctx.Condition
+}
+
+type blockRule struct {
+	name string
+	cond cctx.Condition
+}
+
+// node is a trie node: one per path segment that some rule key names.
+type node struct {
+	children map[string]*node
+	prefix   []rule // keys "<this>/": match this node and everything below
+	exact    []rule // keys "<this>": match this node only
+}
+
+// Empty returns a Config with no rules: every path is allowed and no block
+// is selected.
+func Empty() *Config {
+	c := &Config{}
+	for i := range c.spaces {
+		c.spaces[i] = &node{}
+	}
+	return c
+}
+
+// File is the path the config was loaded from ("" for none).
+func (c *Config) File() string { return c.file }
+
+// HasRules reports whether space s has any rule. In such a space, files
+// with several hard links are hidden (their other name may be protected).
+func (c *Config) HasRules(s Space) bool { return c.ruled[s] }
+
+// Decide reports whether ctx may see the canonical path p of space s, and
+// whether any rule matched p at all (a path that no rule matches can never
+// change its decision). It does not allocate.
+func (c *Config) Decide(s Space, p string, ctx cctx.Set) (allow, ruled bool) {
+	n := c.spaces[s]
+	matched, allowed := false, false
+	if eval(n.prefix, ctx, &matched, &allowed) {
+		return false, true
+	}
+	// Walk the segments of p ("/a/b" -> "a", "b") without splitting.
+	for i := 1; i < len(p) && n.children != nil; {
+		j := strings.IndexByte(p[i:], '/')
+		var seg string
+		last := j < 0
+		if last {
+			seg = p[i:]
+		} else {
+			seg = p[i : i+j]
+		}
+		if n = n.children[seg]; n == nil {
+			break
+		}
+		if eval(n.prefix, ctx, &matched, &allowed) {
+			return false, true
+		}
+		if last {
+			if eval(n.exact, ctx, &matched, &allowed) {
+				return false, true
+			}
+			break
+		}
+		i += j + 1
+	}
+	if allowed {
+		return true, true
+	}
+	return !matched, matched
+}
+
+// eval applies rules that match the path; it returns true on a deny.
+func eval(rules []rule, ctx cctx.Set, matched, allowed *bool) bool {
+	for i := range rules {
+		*matched = true
+		if rules[i].cond.Holds(ctx) {
+			if rules[i].deny {
+				return true
+			}
+			*allowed = true
+		}
+	}
+	return false
+}
+
+// Match is one rule that matched a path, for Explain.
+type Match struct {
+	Key    string `json:"key"`
+	Action string `json:"action"`
+	When   string `json:"when"`
+	Holds  bool   `json:"holds"`
+}
+
+// Explanation is a decision with the rules behind it.
+type Explanation struct {
+	Decision string  `json:"decision"`
+	Path     string  `json:"path"`
+	Rules    []Match `json:"rules"`
+	Why      string  `json:"why"`
+}
+
+// Explain decides like Decide and lists every rule that matched, with
+// whether its condition held.
+func (c *Config) Explain(s Space, p string, ctx cctx.Set) Explanation {
+	ex := Explanation{Path: p, Rules: []Match{}}
+	add := func(rules []rule) {
+		for _, r := range rules {
+			action := "allow"
+			if r.deny {
+				action = "deny"
+			}
+			ex.Rules = append(ex.Rules, Match{Key: r.key, Action: action, When: r.cond.String(), Holds: r.cond.Holds(ctx)})
+		}
+	}
+	n := c.spaces[s]
+	add(n.prefix)
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	if p == "/" {
+		segs = nil
+	}
+	for i, seg := range segs {
+		if n = n.children[seg]; n == nil {
+			break
+		}
+		add(n.prefix)
+		if i == len(segs)-1 {
+			add(n.exact)
+		}
+	}
+	allow, _ := c.Decide(s, p, ctx)
+	ex.Decision = "deny"
+	if allow {
+		ex.Decision = "allow"
+	}
+	switch {
+	case len(ex.Rules) == 0:
+		ex.Why = "no rule matches the path"
+	default:
+		ex.Why = "no matching rule's condition holds"
+		for _, m := range ex.Rules {
+			if m.Holds && m.Action == "deny" {
+				ex.Why = "deny rule " + m.Key + " holds"
+				break
+			}
+			if m.Holds {
+				ex.Why = "allow rule " + m.Key + " holds"
+			}
+		}
+	}
+	return ex
+}

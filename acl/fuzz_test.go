@@ -1,0 +1,45 @@
+package acl
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzDecide: no input panics; the decision for a path equals the decision
+// for its canonical form; no canonical path escapes the space root.
+func FuzzDecide(f *testing.F) {
+	for _, s := range []string{"/private/x.md", "//private/./x", "/a/../../private", "private/", "/.", "x/../..//private/./y/"} {
+		f.Add(s)
+	}
+	c := mustParse(f, design+"\n[memories.\"/private/secret\"]\nwhen = \"discord:dm\"\naction = \"deny\"\n")
+	ctxs := []string{"discord:guild:1", "discord:dm"}
+	f.Fuzz(func(t *testing.T, p string) {
+		canon, err := Canon(p)
+		if err != nil {
+			if !strings.Contains(p, "\x00") {
+				t.Fatalf("%q refused: %v", p, err)
+			}
+			return
+		}
+		if !strings.HasPrefix(canon, "/") || strings.Contains(canon, "/../") || strings.HasSuffix(canon, "/..") ||
+			strings.Contains(canon, "//") || (canon != "/" && strings.HasSuffix(canon, "/")) {
+			t.Fatalf("%q canonicalised to %q", p, canon)
+		}
+		again, _ := Canon(canon)
+		if again != canon {
+			t.Fatalf("Canon not idempotent: %q -> %q -> %q", p, canon, again)
+		}
+		for _, a := range ctxs {
+			ctx := set(t, a)
+			d1, _ := c.Decide(Memories, canon, ctx)
+			alt, _ := Canon("/x/../" + p)
+			d2, _ := c.Decide(Memories, alt, ctx)
+			if d1 != d2 {
+				t.Fatalf("%q and %q decide differently", canon, alt)
+			}
+			if ex := c.Explain(Memories, canon, ctx); (ex.Decision == "allow") != d1 {
+				t.Fatalf("Explain and Decide disagree on %q", canon)
+			}
+		}
+	})
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/condfs/condfs/acl"
+	cctx "github.com/condfs/condfs/context"
+)
+
+// loadConditions loads conditions.toml; a failure prints FILE:LINE:COL and
+// is exit 2.
+func loadConditions(path string, stderr io.Writer) (*acl.Config, error) {
+	c, err := acl.Load(path)
+	if err != nil {
+		var le *acl.LoadError
+		if errors.As(err, &le) {
+			fmt.Fprintln(stderr, le.Error())
+		} else {
+			fmt.Fprintf(stderr, "%s:1:1: %v\n", path, err)
+		}
+		return nil, exitError{exitUsage}
+	}
+	return c, nil
+}
+
+func runACL(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "check" {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+			fmt.Fprintln(stdout, "Usage: condfs acl check --conditions FILE --space memories|workspace --path P [--context ATOM]...")
+			return nil
+		}
+		fmt.Fprintln(stderr, "Usage: condfs acl check --conditions FILE --space memories|workspace --path P [--context ATOM]...")
+		return exitError{exitUsage}
+	}
+	fs := newFlags("acl check",
+		"condfs acl check --conditions FILE --space memories|workspace --path P [--context ATOM]...",
+		"Would a session with these atoms see this path? Prints {\"decision\",\"rules\"}.\nNo --context means the empty context.", stderr)
+	conditions := fs.String("conditions", "", "the conditions.toml file")
+	space := fs.String("space", "", "memories or workspace")
+	p := fs.String("path", "", "the path, relative to the space root")
+	atoms := fs.StringArray("context", nil, "an atom of the session's context; repeat")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	if *conditions == "" || *space == "" || !fs.Changed("path") {
+		return usageErr(stderr, fs, "--conditions, --space and --path are required")
+	}
+	sp, err := acl.ParseSpace(*space)
+	if err != nil {
+		return usageErr(stderr, fs, "%v", err)
+	}
+	set, err := cctx.NewSet(*atoms)
+	if err != nil {
+		return usageErr(stderr, fs, "--context: %v", err)
+	}
+	c, err := loadConditions(*conditions, stderr)
+	if err != nil {
+		return err
+	}
+	canon, err := acl.Canon(*p)
+	if err != nil {
+		return usageErr(stderr, fs, "--path: %v", err)
+	}
+	return writeJSON(stdout, c.Explain(sp, canon, set))
+}
+
+func runBlocks(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("blocks",
+		"condfs blocks --conditions FILE --blocks-dir DIR [--context ATOM]...",
+		"List the prompt blocks a context selects, in table order. Prints {\"blocks\",\"errors\"}.", stderr)
+	conditions := fs.String("conditions", "", "the conditions.toml file")
+	dir := fs.String("blocks-dir", "", "the blocks directory (blocks/conditional)")
+	atoms := fs.StringArray("context", nil, "an atom of the session's context; repeat")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *conditions == "" || *dir == "" {
+		return usageErr(stderr, fs, "--conditions and --blocks-dir are required")
+	}
+	set, err := cctx.NewSet(*atoms)
+	if err != nil {
+		return usageErr(stderr, fs, "--context: %v", err)
+	}
+	c, err := loadConditions(*conditions, stderr)
+	if err != nil {
+		return err
+	}
+	if st, err := os.Stat(*dir); err != nil || !st.IsDir() {
+		fmt.Fprintf(stderr, "condfs blocks: %s is not a directory; pass the blocks/conditional folder\n", *dir)
+		return exitError{exitFail}
+	}
+	blocks, errs := c.Blocks(*dir, set)
+	return writeJSON(stdout, map[string]any{"blocks": blocks, "errors": errs})
+}

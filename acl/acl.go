@@ -229,3 +229,66 @@ func (c *Config) Explain(s Space, p string, ctx cctx.Set) Explanation {
 	}
 	return ex
 }
+
+// Visible reports whether p and every directory above it are allowed: what
+// a view shows, since the kernel walks each directory on the way (and a
+// process's cwd may sit inside a directory that has just been hidden). ruled
+// reports whether any rule matched p or a directory above it. It does not
+// allocate.
+func (c *Config) Visible(s Space, p string, ctx cctx.Set) (visible, ruled bool) {
+	n := c.spaces[s]
+	matched, allowed := false, false
+	if eval(n.prefix, ctx, &matched, &allowed) {
+		return false, true
+	}
+	if matched && !allowed {
+		return false, true // the space root itself is denied
+	}
+	for i := 1; i < len(p) && n.children != nil; {
+		j := strings.IndexByte(p[i:], '/')
+		var seg string
+		if j < 0 {
+			seg = p[i:]
+		} else {
+			seg = p[i : i+j]
+		}
+		if n = n.children[seg]; n == nil {
+			break
+		}
+		if eval(n.prefix, ctx, &matched, &allowed) {
+			return false, true
+		}
+		// This level's own decision: the prefix rules so far (they match
+		// every level below them) and its exact rules.
+		em, ea := matched, allowed
+		if eval(n.exact, ctx, &em, &ea) {
+			return false, true
+		}
+		if em && !ea {
+			return false, true
+		}
+		ruled = ruled || em
+		if j < 0 {
+			break
+		}
+		i += j + 1
+	}
+	// Levels below the last trie node have no rules of their own and share
+	// the prefix state already checked.
+	return true, ruled || matched
+}
+
+// HasRulesUnder reports whether some rule key names p or a path below it.
+// Renaming such a directory would carry protected paths out from under
+// their rules, so views refuse it.
+func (c *Config) HasRulesUnder(s Space, p string) bool {
+	n := c.spaces[s]
+	if p != "/" {
+		for _, seg := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+			if n = n.children[seg]; n == nil {
+				return false
+			}
+		}
+	}
+	return len(n.prefix) > 0 || len(n.exact) > 0 || len(n.children) > 0
+}

@@ -170,3 +170,53 @@ func TestBlockErrorsKeepOthers(t *testing.T) {
 		t.Fatalf("errs %+v", errs)
 	}
 }
+
+func TestVisible(t *testing.T) {
+	c := mustParse(t, `
+[memories."/p"]
+when = "discord:dm"
+action = "allow"
+
+[memories."/a/"]
+when = "discord:guild:1"
+action = "allow"
+
+[memories."/a/secret"]
+when = "discord:guild:1"
+action = "deny"
+
+[memories."/x/y"]
+when = "tui"
+action = "allow"
+`)
+	guild := set(t, "discord:guild:1")
+	for _, tc := range []struct {
+		path       string
+		ctx        cctx.Set
+		vis, ruled bool
+	}{
+		{"/", guild, true, false},
+		{"/p", guild, false, true},
+		{"/p/new.md", guild, false, true}, // its own decision is allow, but /p is hidden
+		{"/p/new.md", set(t, "discord:dm"), true, true},
+		{"/a/b/c", guild, true, true},
+		{"/a/secret/c", guild, false, true}, // under the hidden /a/secret
+		{"/a/secret", guild, false, true},
+		{"/a", set(t, "tui"), false, true},
+		{"/x/y/z", guild, false, true}, // under the hidden /x/y
+		{"/x/y/z", set(t, "tui"), true, true},
+		{"/x/y", guild, false, true},
+		{"/free/file", guild, true, false},
+	} {
+		vis, ruled := c.Visible(Memories, tc.path, tc.ctx)
+		if vis != tc.vis || ruled != tc.ruled {
+			t.Errorf("Visible(%s, %v) = %v, %v; want %v, %v", tc.path, tc.ctx, vis, ruled, tc.vis, tc.ruled)
+		}
+		if own, _ := c.Decide(Memories, tc.path, tc.ctx); tc.vis && !own {
+			t.Errorf("%s visible but its own decision is deny", tc.path)
+		}
+	}
+	if !c.HasRulesUnder(Memories, "/a") || !c.HasRulesUnder(Memories, "/x") || c.HasRulesUnder(Memories, "/free") || !c.HasRulesUnder(Memories, "/") {
+		t.Error("HasRulesUnder")
+	}
+}

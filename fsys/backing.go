@@ -1,0 +1,131 @@
+package fsys
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// backing is one space's real directory. Every path in it is reached
+// beneath its root with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), never
+// by joining strings: a symlink that another process swaps into the tree
+// makes the resolution fail instead of leading out.
+type backing struct {
+	dir  string
+	fd   int // O_PATH directory fd of the root
+	dev  uint64
+	root unix.Stat_t
+}
+
+func openBacking(dir string) (*backing, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open backing directory %s: %w", dir, err)
+	}
+	b := &backing{dir: dir, fd: fd}
+	if err := unix.Fstat(fd, &b.root); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("stat backing directory %s: %w", dir, err)
+	}
+	b.dev = b.root.Dev
+	return b, nil
+}
+
+func (b *backing) close() { unix.Close(b.fd) }
+
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// open opens rel (a canonical space path, "/" for the root) beneath the
+// root. Symlinks anywhere on the way fail with ELOOP; so does a symlink as
+// the last component unless flags has O_PATH|O_NOFOLLOW semantics, which
+// callers that want the link itself use through openParent instead.
+func (b *backing) open(rel string, flags int, mode uint32) (int, error) {
+	p := strings.TrimPrefix(rel, "/")
+	if p == "" {
+		p = "."
+	}
+	for {
+		fd, err := unix.Openat2(b.fd, p, &unix.OpenHow{
+			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW),
+			Mode:    uint64(mode),
+			Resolve: resolveFlags,
+		})
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			// The kernel asks to retry a resolution that raced with a
+			// rename; RESOLVE_BENEATH refuses to guess.
+			continue
+		}
+		return fd, err
+	}
+}
+
+// openDir opens the directory rel as an O_PATH fd (the root's own fd is
+// duplicated so that callers can always close what they get).
+func (b *backing) openDir(rel string) (int, error) {
+	return b.open(rel, unix.O_PATH|unix.O_DIRECTORY, 0)
+}
+
+// split returns the parent path and the last name of a canonical path.
+func split(p string) (dir, name string) {
+	i := strings.LastIndexByte(p, '/')
+	if i <= 0 {
+		return "/", p[i+1:]
+	}
+	return p[:i], p[i+1:]
+}
+
+// join joins a canonical directory path and a name.
+func join(dir, name string) string {
+	if dir == "/" {
+		return "/" + name
+	}
+	return dir + "/" + name
+}
+
+// escapes reports whether a symlink at canonical path linkPath with the
+// given target leaves its space: an absolute target, or one whose ".."
+// climb above the space root (checked lexically; every further link on
+// the way is checked where it stands).
+func escapes(linkPath, target string) bool {
+	if target == "" || strings.HasPrefix(target, "/") {
+		return true
+	}
+	dir, _ := split(linkPath)
+	depth := 0
+	if dir != "/" {
+		depth = strings.Count(dir, "/")
+	}
+	for _, seg := range strings.Split(target, "/") {
+		switch seg {
+		case "", ".":
+		case "..":
+			depth--
+			if depth < 0 {
+				return true
+			}
+		default:
+			depth++
+		}
+	}
+	return false
+}
+
+func errnoOf(err error) unix.Errno {
+	if err == nil {
+		return 0
+	}
+	if e, ok := err.(unix.Errno); ok {
+		return e
+	}
+	if pe, ok := err.(*os.PathError); ok {
+		if e, ok := pe.Err.(unix.Errno); ok {
+			return e
+		}
+	}
+	return unix.EIO
+}

@@ -1,0 +1,123 @@
+package fsys
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/acl"
+)
+
+// rootNode is the mount root: exactly memories/ and workspace/ (each only
+// while its space root is visible), and nothing can be written there.
+type rootNode struct {
+	fs.Inode
+	view *View
+}
+
+var (
+	_ fs.NodeLookuper   = (*rootNode)(nil)
+	_ fs.NodeReaddirer  = (*rootNode)(nil)
+	_ fs.NodeGetattrer  = (*rootNode)(nil)
+	_ fs.NodeCreater    = (*rootNode)(nil)
+	_ fs.NodeMkdirer    = (*rootNode)(nil)
+	_ fs.NodeMknoder    = (*rootNode)(nil)
+	_ fs.NodeSymlinker  = (*rootNode)(nil)
+	_ fs.NodeUnlinker   = (*rootNode)(nil)
+	_ fs.NodeRmdirer    = (*rootNode)(nil)
+	_ fs.NodeRenamer    = (*rootNode)(nil)
+	_ fs.NodeLinker     = (*rootNode)(nil)
+	_ fs.NodeSetattrer  = (*rootNode)(nil)
+	_ fs.NodeSetxattrer = (*rootNode)(nil)
+	_ fs.NodeStatfser   = (*rootNode)(nil)
+)
+
+var mountTime = time.Now()
+
+func spaceByName(name string) (acl.Space, bool) {
+	sp, err := acl.ParseSpace(name)
+	return sp, err == nil
+}
+
+func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	sp, ok := spaceByName(name)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	snap := r.view.snapshot()
+	if vis, _ := snap.cfg.Visible(sp, "/", snap.ctx); !vis {
+		return nil, syscall.ENOENT
+	}
+	b := r.view.spaces[sp]
+	var st unix.Stat_t
+	if err := unix.Fstat(b.fd, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	out.Attr.FromStat(toSyscall(&st))
+	child := &node{view: r.view, space: sp, spaceRoot: true}
+	return r.NewInode(ctx, child, r.view.stableAttr(&st)), 0
+}
+
+func (r *rootNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	snap := r.view.snapshot()
+	var entries []fuse.DirEntry
+	for _, sp := range acl.Spaces {
+		if vis, _ := snap.cfg.Visible(sp, "/", snap.ctx); vis {
+			var st unix.Stat_t
+			unix.Fstat(r.view.spaces[sp].fd, &st)
+			entries = append(entries, fuse.DirEntry{Name: sp.String(), Mode: unix.S_IFDIR, Ino: r.view.stableAttr(&st).Ino})
+		}
+	}
+	return fs.NewListDirStream(entries), 0
+}
+
+func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o555
+	out.Nlink = 4
+	out.Uid, out.Gid = uint32(os.Geteuid()), uint32(os.Getegid())
+	out.SetTimes(&mountTime, &mountTime, &mountTime)
+	return 0
+}
+
+func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	var s syscall.Statfs_t
+	if err := syscall.Fstatfs(r.view.spaces[0].fd, &s); err != nil {
+		return errnoOf(err)
+	}
+	out.FromStatfsT(&s)
+	return 0
+}
+
+// The root cannot be written: every mutation is EACCES.
+
+func (r *rootNode) Create(context.Context, string, uint32, uint32, *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EACCES
+}
+func (r *rootNode) Mkdir(context.Context, string, uint32, *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EACCES
+}
+func (r *rootNode) Mknod(context.Context, string, uint32, uint32, *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EACCES
+}
+func (r *rootNode) Symlink(context.Context, string, string, *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EACCES
+}
+func (r *rootNode) Unlink(context.Context, string) syscall.Errno { return syscall.EACCES }
+func (r *rootNode) Rmdir(context.Context, string) syscall.Errno  { return syscall.EACCES }
+func (r *rootNode) Rename(context.Context, string, fs.InodeEmbedder, string, uint32) syscall.Errno {
+	return syscall.EACCES
+}
+func (r *rootNode) Link(context.Context, fs.InodeEmbedder, string, *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EACCES
+}
+func (r *rootNode) Setattr(context.Context, fs.FileHandle, *fuse.SetAttrIn, *fuse.AttrOut) syscall.Errno {
+	return syscall.EACCES
+}
+func (r *rootNode) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
+	return syscall.EACCES
+}

@@ -95,3 +95,13 @@ func (e *LoadError) Error() string {
 func DecodeJSON(data []byte) (Value, error) {
 	return value.Decode(string(data), value.RequestLimits)
 }
+
+// Kinds of Value, re-exported for callers that inspect decoded requests.
+const (
+	KindNull   = value.Null
+	KindBool   = value.Bool
+	KindNumber = value.Number
+	KindString = value.String
+	KindArray  = value.Array
+	KindObject = value.Object
+)

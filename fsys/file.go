@@ -170,3 +170,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	fh, fflags := n.newHandle(fd, t.path, t.ruled)
 	return fh, fflags, 0
 }
+
+var (
+	_ fs.FileGetlker  = (*gatedFile)(nil)
+	_ fs.FileSetlker  = (*gatedFile)(nil)
+	_ fs.FileSetlkwer = (*gatedFile)(nil)
+)
+
+func (f *gatedFile) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	return f.lf.Getlk(ctx, owner, lk, flags, out)
+}
+
+func (f *gatedFile) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return f.lf.Setlk(ctx, owner, lk, flags)
+}
+
+func (f *gatedFile) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return f.lf.Setlkw(ctx, owner, lk, flags)
+}

@@ -130,6 +130,7 @@ func Mount(opts Options) (*View, error) {
 			AllowOther:    opts.AllowOther,
 			Options:       []string{"default_permissions"},
 			MaxBackground: 64,
+			EnableLocks:   true,
 			Debug:         opts.Debug,
 		},
 		RootStableAttr: &fs.StableAttr{Ino: 1},

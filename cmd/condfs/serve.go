@@ -1,0 +1,146 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/daemon"
+)
+
+const defaultSocket = "/run/condfs/condfs.sock"
+
+func runServe(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("serve", "condfs serve --root DIR [--socket PATH] [--mount DIR --context ATOM...]",
+		`Run the daemon: one control socket, one FUSE view per session, live config reload.
+--root DIR sets the defaults DIR/config/conditions.toml, DIR/config/policy.yaml,
+DIR/blocks/conditional, DIR/memories and DIR/workspace. A missing conditions file
+means no rules; a missing policy file denies every tool call. SIGINT and SIGTERM
+unmount every view and remove the socket.`, stderr)
+	root := fs.String("root", "", "the agent home holding config/, blocks/, memories/ and workspace/")
+	conditions := fs.String("conditions", "", "conditions.toml (default ROOT/config/conditions.toml)")
+	policy := fs.String("policy", "", "policy.yaml (default ROOT/config/policy.yaml)")
+	blocks := fs.String("blocks-dir", "", "prompt blocks folder (default ROOT/blocks/conditional)")
+	memories := fs.String("memories", "", "backing directory of memories/ (default ROOT/memories)")
+	workspace := fs.String("workspace", "", "backing directory of workspace/ (default ROOT/workspace)")
+	socket := fs.String("socket", defaultSocket, "control socket path")
+	socketMode := fs.String("socket-mode", "0600", "socket file mode (octal)")
+	socketGroup := fs.String("socket-group", "", "socket file group (name or id)")
+	allowUIDs := fs.UintSlice("allow-uid", nil, "a uid besides the daemon's and root allowed on the socket; repeat")
+	mount := fs.String("mount", "", "also open a first session named \"default\" mounted here")
+	atoms := fs.StringArray("context", nil, "the first session's context: an atom (repeat) or a JSON description")
+	audit := fs.String("audit", "", "audit log file, JSON lines (default: the log on stderr)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	allowOther := fs.Bool("allow-other", true, "let other users use the views (the kernel checks the backing modes)")
+	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	def := func(v *string, rel string) {
+		if *v == "" && *root != "" {
+			*v = filepath.Join(*root, rel)
+		}
+	}
+	def(conditions, "config/conditions.toml")
+	def(policy, "config/policy.yaml")
+	def(blocks, "blocks/conditional")
+	def(memories, "memories")
+	def(workspace, "workspace")
+	if *conditions == "" || *policy == "" || *blocks == "" || *memories == "" || *workspace == "" {
+		return usageErr(stderr, fs, "give --root, or each of --conditions, --policy, --blocks-dir, --memories and --workspace")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageErr(stderr, fs, "--log-level: %v", err)
+	}
+	mode, err := strconv.ParseUint(*socketMode, 8, 32)
+	if err != nil || mode&^0o777 != 0 {
+		return usageErr(stderr, fs, "--socket-mode %q: want octal permission bits such as 0600", *socketMode)
+	}
+	group, err := control.SocketGroup(*socketGroup)
+	if err != nil {
+		return usageErr(stderr, fs, "%v", err)
+	}
+	var first *cctx.Set
+	if *mount != "" {
+		set, err := parseContextFlags(*atoms)
+		if err != nil {
+			return usageErr(stderr, fs, "--context: %v", err)
+		}
+		first = &set
+	} else if len(*atoms) > 0 {
+		return usageErr(stderr, fs, "--context needs --mount")
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	auditLog := logger
+	if *audit != "" {
+		f, err := os.OpenFile(*audit, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("audit log: %w", err)
+		}
+		defer f.Close()
+		auditLog = slog.New(slog.NewJSONHandler(f, nil))
+	}
+	var uids []uint32
+	for _, u := range *allowUIDs {
+		uids = append(uids, uint32(u))
+	}
+	d, err := daemon.New(daemon.Config{
+		Conditions: *conditions, Policy: *policy, BlocksDir: *blocks,
+		Memories: *memories, Workspace: *workspace,
+		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
+		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
+		Logger: logger, Audit: auditLog,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "condfs serve: %v\n", err)
+		return exitError{exitUsage}
+	}
+	if first != nil {
+		if _, cerr := d.OpenSession("default", *mount, *first); cerr != nil {
+			d.Close()
+			fmt.Fprintf(stderr, "condfs serve: first session: %s\n", cerr.Message)
+			return exitError{exitFail}
+		}
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	served := make(chan error, 1)
+	go func() { served <- d.Serve() }()
+	logger.Info("condfs serving", "socket", *socket, "version", daemon.Version)
+	select {
+	case sig := <-sigs:
+		logger.Info("shutting down", "signal", sig.String())
+	case err := <-served:
+		if err != nil {
+			logger.Error("control socket", "err", err)
+		}
+	}
+	if err := d.Close(); err != nil {
+		logger.Error("shutdown", "err", err)
+		return exitError{exitFail}
+	}
+	return nil
+}
+
+// parseContextFlags reads --context values: atoms, or one JSON value (an
+// array of atoms or a description object).
+func parseContextFlags(vals []string) (cctx.Set, error) {
+	if len(vals) == 0 {
+		return cctx.Set{}, errors.New(`a context is required: atoms such as --context discord:dm, or --context '{"kind":"none"}'`)
+	}
+	if len(vals) == 1 && (strings.HasPrefix(vals[0], "{") || strings.HasPrefix(vals[0], "[")) {
+		return cctx.Parse([]byte(vals[0]))
+	}
+	return cctx.NewSet(vals)
+}

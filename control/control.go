@@ -1,0 +1,376 @@
+// Package control is the daemon's control socket: JSON-RPC 2.0 over a Unix
+// stream socket, one JSON object per line each way. It knows framing,
+// errors and access (SO_PEERCRED); what the methods do is the Handler's.
+//
+// Requests on one connection are answered in order; connections are served
+// concurrently, each by its own goroutine, so a slow or stalled client
+// holds up only itself and is cut off by its deadlines.
+package control
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// JSON-RPC error codes.
+const (
+	CodeParse          = -32700
+	CodeInvalidRequest = -32600
+	CodeMethodNotFound = -32601
+	CodeInvalidParams  = -32602
+	CodeInternal       = -32603
+	// Application errors: -32000 to -32099.
+	CodeUnknownSession = -32001
+	CodeSessionExists  = -32002
+	CodeMount          = -32003
+	CodeConfig         = -32004
+	CodeRefused        = -32010
+)
+
+// MaxLine is the longest request line accepted (not counting the newline).
+const MaxLine = 1 << 20
+
+// Error is a JSON-RPC error object.
+type Error struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (code %d)", e.Message, e.Code) }
+
+// Errorf makes an error with a code.
+func Errorf(code int, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Handler answers one method call. It returns a result to marshal, or an
+// error.
+type Handler func(ctx context.Context, method string, params json.RawMessage) (any, *Error)
+
+// Options configure a Server.
+type Options struct {
+	Path      string
+	Mode      os.FileMode // socket file mode; 0 means 0600
+	Group     int         // socket file group; -1 leaves it
+	AllowUIDs []uint32    // besides the daemon's uid and root
+	Handler   Handler
+	Logger    *slog.Logger
+	// IdleTimeout cuts a connection that sends nothing (or half a line)
+	// for this long; WriteTimeout cuts one that does not read its answers.
+	IdleTimeout  time.Duration
+	WriteTimeout time.Duration
+}
+
+// Server serves the control socket.
+type Server struct {
+	opts  Options
+	ln    *net.UnixListener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+// Listen creates the socket. A socket file left by a crashed daemon is
+// replaced; a live daemon on the same path is detected and refused.
+func Listen(opts Options) (*Server, error) {
+	if opts.Mode == 0 {
+		opts.Mode = 0o600
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = 10 * time.Minute
+	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if err := prepareDir(filepath.Dir(opts.Path)); err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(opts.Path); err == nil {
+		c, err := net.DialTimeout("unix", opts.Path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("socket %s: a live daemon is already serving it; stop it or pick another --socket", opts.Path)
+		}
+		if err := os.Remove(opts.Path); err != nil {
+			return nil, fmt.Errorf("remove stale socket %s: %w", opts.Path, err)
+		}
+	}
+	// Create the socket with no access for anyone but us, then widen it
+	// if asked: there is no window in which others may connect.
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: opts.Path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", opts.Path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if opts.Group >= 0 {
+		if err := os.Chown(opts.Path, -1, opts.Group); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("socket group: %w", err)
+		}
+	}
+	if err := os.Chmod(opts.Path, opts.Mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return &Server{opts: opts, ln: ln, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}, nil
+}
+
+// prepareDir makes sure the socket's directory exists and is the daemon's:
+// owned by it (or root) and writable by no one else.
+func prepareDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("socket directory %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("socket directory %s: %w", dir, err)
+	}
+	if (st.Uid != uint32(os.Geteuid()) && st.Uid != 0) || st.Mode&0o022 != 0 {
+		return fmt.Errorf("socket directory %s must be owned by the daemon's user and writable by no one else (mode %o, owner %d)", dir, st.Mode&0o777, st.Uid)
+	}
+	return nil
+}
+
+// Addr is the socket path.
+func (s *Server) Addr() string { return s.opts.Path }
+
+// Serve accepts connections until Close.
+func (s *Server) Serve() error {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			select {
+			case <-s.done:
+				return nil
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			s.opts.Logger.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(c)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting, closes every connection, waits for their
+// goroutines and removes the socket file.
+func (s *Server) Close() error {
+	var err error
+	s.once.Do(func() {
+		close(s.done)
+		err = s.ln.Close()
+		s.mu.Lock()
+		for c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+	return err
+}
+
+// peerAllowed checks SO_PEERCRED before any request is read.
+func (s *Server) peerAllowed(c *net.UnixConn) (uint32, bool) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil || cerr != nil {
+		return 0, false
+	}
+	uid := cred.Uid
+	return uid, uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(s.opts.AllowUIDs, uid)
+}
+
+type request struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Method  *string         `json:"method"`
+	Params  json.RawMessage `json:"params"`
+}
+
+type response struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  any             `json:"result,omitempty"`
+	Error   *Error          `json:"error,omitempty"`
+}
+
+func (s *Server) serveConn(c *net.UnixConn) {
+	defer c.Close()
+	w := bufio.NewWriter(c)
+	send := func(resp response) bool {
+		resp.JSONRPC = "2.0"
+		if resp.ID == nil {
+			resp.ID = json.RawMessage("null")
+		}
+		if resp.Error == nil && resp.Result == nil {
+			resp.Result = struct{}{}
+		}
+		b, err := json.Marshal(resp)
+		if err != nil {
+			b, _ = json.Marshal(response{JSONRPC: "2.0", ID: resp.ID, Error: Errorf(CodeInternal, "cannot encode the result: %v", err)})
+		}
+		c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
+		w.Write(b)
+		w.WriteByte('\n')
+		return w.Flush() == nil
+	}
+	uid, ok := s.peerAllowed(c)
+	if !ok {
+		s.opts.Logger.Warn("control connection refused", "uid", uid)
+		send(response{Error: Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid)})
+		return
+	}
+	r := bufio.NewReaderSize(c, 64<<10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for {
+		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
+		line, tooLong, err := readLine(r, MaxLine)
+		if tooLong {
+			send(response{Error: Errorf(CodeInvalidRequest, "request line over %d bytes; closing the connection", MaxLine)})
+			return
+		}
+		if err != nil {
+			if len(line) == 0 {
+				return
+			}
+		}
+		if len(trimSpace(line)) == 0 {
+			if err != nil {
+				return
+			}
+			continue
+		}
+		resp, reply := s.handle(ctx, line)
+		if reply && !send(resp) {
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// readLine reads a line without its newline; a line over max is reported
+// as tooLong (the caller closes the connection).
+func readLine(r *bufio.Reader, max int) ([]byte, bool, error) {
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(line)+len(chunk) > max+1 || (err == bufio.ErrBufferFull && len(line)+len(chunk) > max) {
+			return nil, true, nil
+		}
+		line = append(line, chunk...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if n := len(line); n > 0 && line[n-1] == '\n' {
+			line = line[:n-1]
+		}
+		return line, false, err
+	}
+}
+
+func (s *Server) handle(ctx context.Context, line []byte) (response, bool) {
+	var req request
+	if err := json.Unmarshal(line, &req); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) || (len(line) > 0 && line[0] != '{' && json.Valid(line)) {
+			return response{Error: Errorf(CodeInvalidRequest, "a request must be a JSON object with jsonrpc, id, method and params")}, true
+		}
+		return response{Error: Errorf(CodeParse, "parse error: %v", err)}, true
+	}
+	if req.JSONRPC != "2.0" || req.Method == nil || *req.Method == "" {
+		return response{ID: validID(req.ID), Error: Errorf(CodeInvalidRequest, `invalid request: need "jsonrpc":"2.0" and a "method"`)}, true
+	}
+	if req.ID != nil && validID(req.ID) == nil {
+		return response{Error: Errorf(CodeInvalidRequest, "invalid request: id must be a string, number or null")}, true
+	}
+	params := req.Params
+	if len(params) == 0 || string(params) == "null" {
+		params = json.RawMessage("{}")
+	}
+	result, rerr := s.opts.Handler(ctx, *req.Method, params)
+	if req.ID == nil {
+		return response{}, false // a notification: no answer
+	}
+	if rerr != nil {
+		return response{ID: req.ID, Error: rerr}, true
+	}
+	return response{ID: req.ID, Result: result}, true
+}
+
+func validID(id json.RawMessage) json.RawMessage {
+	if id == nil {
+		return nil
+	}
+	switch id[0] {
+	case '"', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'n':
+		return id
+	}
+	return nil
+}
+
+// SocketGroup resolves --socket-group (a name or a number); "" is -1.
+func SocketGroup(name string) (int, error) {
+	if name == "" {
+		return -1, nil
+	}
+	var gid int
+	if _, err := fmt.Sscan(name, &gid); err == nil {
+		return gid, nil
+	}
+	g, err := lookupGroup(name)
+	if err != nil {
+		return -1, fmt.Errorf("--socket-group %s: %w", name, err)
+	}
+	return g, nil
+}

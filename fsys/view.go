@@ -342,18 +342,74 @@ func (v *View) closeBacking() {
 	}
 }
 
-// ClearStale unmounts a mountpoint left behind by a crashed daemon: stat
-// answers ENOTCONN. Any other mount there is left alone.
+// ClearStale unmounts a mountpoint left behind by a crashed daemon: a
+// FUSE mount whose connection is gone (ENOTCONN). The mount root's own
+// attributes may still be cached, so liveness is probed with statfs, which
+// always reaches the daemon. A live mount there is an error: two views on
+// one mountpoint would hide each other.
 func ClearStale(mp string) error {
-	var st unix.Stat_t
-	if err := unix.Stat(mp, &st); !errors.Is(err, unix.ENOTCONN) {
-		return nil
-	}
-	if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
-		// Without privilege, fusermount3 can clear a FUSE mount of ours.
-		if out, err2 := exec.Command("fusermount3", "-u", "-z", mp).CombinedOutput(); err2 != nil {
-			return fmt.Errorf("clear stale mount %s: %v; fusermount3: %v %s", mp, err, err2, out)
+	for i := 0; i < 8; i++ {
+		fstype, mounted := mountType(mp)
+		if !mounted || !strings.HasPrefix(fstype, "fuse") {
+			return nil
+		}
+		var sfs unix.Statfs_t
+		err := unix.Statfs(mp, &sfs)
+		if err == nil {
+			return fmt.Errorf("%s is already a live %s mount; unmount it or pick another mountpoint", mp, fstype)
+		}
+		if !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
+			return fmt.Errorf("probe %s: %w", mp, err)
+		}
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+			// Without privilege, fusermount3 can clear a FUSE mount of ours.
+			if out, err2 := exec.Command("fusermount3", "-u", "-z", mp).CombinedOutput(); err2 != nil {
+				return fmt.Errorf("clear stale mount %s: %v; fusermount3: %v %s", mp, err, err2, out)
+			}
 		}
 	}
-	return nil
+	return fmt.Errorf("clear stale mounts on %s: too many stacked", mp)
+}
+
+// mountType reports the filesystem type mounted exactly at mp, from
+// /proc/self/mountinfo (the last, i.e. topmost, entry wins).
+func mountType(mp string) (string, bool) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	fstype, found := "", false
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 10 || unescapeMount(fields[4]) != mp {
+			continue
+		}
+		for i := 6; i < len(fields); i++ {
+			if fields[i] == "-" && i+1 < len(fields) {
+				fstype, found = fields[i+1], true
+				break
+			}
+		}
+	}
+	return fstype, found
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

@@ -51,10 +51,7 @@ func layout(t *testing.T, dir string, fx fixtures, reqPath, op string) {
 		}
 	}
 	// Walk the requested path, creating what is missing.
-	var comps []string
-	for _, c := range strings.Split(reqPath, "/") {
-		comps = append(comps, c)
-	}
+	comps := strings.Split(reqPath, "/")
 	lastIdx := -1
 	for i := len(comps) - 1; i >= 0; i-- {
 		if comps[i] != "" {
@@ -81,7 +78,7 @@ func layout(t *testing.T, dir string, fx fixtures, reqPath, op string) {
 				return
 			}
 			resolved := path.Join(cur, target)
-			if strings.HasPrefix(path.Clean("/"+strings.Repeat("x/", strings.Count(cur, "/"))+target), "/..") || !strings.HasPrefix(path.Clean(cur+"/"+target), "/") || escapesLexically(cur, target) {
+			if escapesLexically(cur, target) {
 				return
 			}
 			os.MkdirAll(mk(resolved), 0o755)

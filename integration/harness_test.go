@@ -9,7 +9,6 @@ package integration
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -252,9 +251,4 @@ func mountsUnder(dir string) []string {
 		}
 	}
 	return out
-}
-
-func mustJSON(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
 }

@@ -1,0 +1,523 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/conformance"
+)
+
+const e2eConditions = `
+[memories."/private/"]
+when = "discord:dm"
+action = "allow"
+
+[workspace."/deploy/"]
+when = "discord:guild:1"
+action = "allow"
+
+[blocks.dm]
+when = "discord:dm"
+action = "load"
+
+[blocks.guild]
+when = "discord:guild:1"
+action = "load"
+
+[blocks.broken]
+when = "discord:guild:1"
+action = "load"
+`
+
+const e2ePolicy = `
+version: 1
+roles:
+  default:
+    tools:
+      refund:
+        mode: allow
+        constraints:
+          - args.amount <= 100 or when("discord:dm")
+`
+
+// TestDaemonEndToEnd: two sessions with different contexts, each view its
+// own; context switches; blocks; decisions with when() against the
+// session; status; and the errors a client can provoke.
+func TestDaemonEndToEnd(t *testing.T) {
+	h := newHome(t, e2eConditions, e2ePolicy)
+	h.write("memories/private/p.md", "p")
+	h.write("workspace/deploy/run.sh", "r")
+	h.write("blocks/conditional/dm.md", "+++\ndescription = \"dm block\"\n+++\nbe kind\n")
+	h.write("blocks/conditional/guild.md", "+++\ndescription = \"guild block\"\n+++\nbe brief\n")
+	h.write("blocks/conditional/broken.md", "no front matter\n")
+	d := startDaemon(t, h)
+	dm := d.open("dm", map[string]any{"kind": "discord", "channel_id": "7"})
+	guild := d.open("guild", map[string]any{"kind": "discord", "channel_id": "2", "guild_id": "1"})
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	if !exists(dm+"/memories/private/p.md") || exists(dm+"/workspace/deploy/run.sh") {
+		t.Fatal("dm view shows the wrong files")
+	}
+	if exists(guild+"/memories/private/p.md") || !exists(guild+"/workspace/deploy/run.sh") {
+		t.Fatal("guild view shows the wrong files")
+	}
+
+	var blocks struct {
+		Blocks []struct{ Name, Description, Body string }
+		Errors []struct{ Name, File, Reason string }
+	}
+	d.call("blocks.list", map[string]any{"session": "guild"}, &blocks)
+	if len(blocks.Blocks) != 1 || blocks.Blocks[0].Name != "guild" || blocks.Blocks[0].Body != "be brief\n" ||
+		len(blocks.Errors) != 1 || blocks.Errors[0].Name != "broken" {
+		t.Fatalf("guild blocks: %+v", blocks)
+	}
+	d.call("blocks.list", map[string]any{"context": []string{"discord:dm"}}, &blocks)
+	if len(blocks.Blocks) != 1 || blocks.Blocks[0].Name != "dm" {
+		t.Fatalf("explicit-context blocks: %+v", blocks)
+	}
+
+	type decision struct {
+		Decision string   `json:"decision"`
+		Role     *string  `json:"role"`
+		Reasons  []string `json:"reasons"`
+	}
+	var dec decision
+	d.call("tool.decide", map[string]any{"session": "dm", "tool": "refund", "args": map[string]any{"amount": 500}}, &dec)
+	if dec.Decision != "allow" {
+		t.Fatalf("dm refund: %+v", dec)
+	}
+	d.call("tool.decide", map[string]any{"session": "guild", "tool": "refund", "args": map[string]any{"amount": 500}}, &dec)
+	if dec.Decision != "deny" || len(dec.Reasons) == 0 {
+		t.Fatalf("guild refund: %+v", dec)
+	}
+	d.call("tool.decide", map[string]any{"tool": "refund", "args": map[string]any{"amount": 500}}, &dec)
+	if dec.Decision != "deny" || !strings.Contains(strings.Join(dec.Reasons, " "), "session") {
+		t.Fatalf("sessionless refund: %+v", dec)
+	}
+	d.call("tool.decide", map[string]any{"context": []string{"discord:dm"}, "tool": "refund", "args": map[string]any{"amount": 500}}, &dec)
+	if dec.Decision != "allow" {
+		t.Fatalf("explicit-context refund: %+v", dec)
+	}
+	// A request with a duplicate key is denied, never guessed at.
+	raw := rawCall(t, d.socket, `{"jsonrpc":"2.0","id":1,"method":"tool.decide","params":{"tool":"refund","args":{"amount":1,"amount":1000}}}`)
+	if !strings.Contains(raw, `"decision":"deny"`) || !strings.Contains(raw, "duplicate") {
+		t.Fatalf("duplicate key: %s", raw)
+	}
+
+	// Switching the dm session to the guild shows the guild's files at once.
+	d.setContext("dm", []string{"discord:guild:1", "discord:channel:3"})
+	if exists(dm+"/memories/private/p.md") || !exists(dm+"/workspace/deploy/run.sh") {
+		t.Fatal("view did not follow the context switch")
+	}
+	var got struct{ Atoms []string }
+	d.call("context.get", map[string]any{"session": "dm"}, &got)
+	if strings.Join(got.Atoms, " ") != "discord:channel:3 discord:guild:1" {
+		t.Fatalf("context.get: %v", got.Atoms)
+	}
+	var check struct {
+		Decision string
+		Rules    []struct{ Key string }
+	}
+	d.call("path.check", map[string]any{"session": "guild", "space": "memories", "path": "private/p.md"}, &check)
+	if check.Decision != "deny" || len(check.Rules) != 1 || check.Rules[0].Key != "/private/" {
+		t.Fatalf("path.check: %+v", check)
+	}
+
+	var status struct {
+		Version  string
+		Sessions []struct{ ID string }
+		Config   struct {
+			Conditions struct {
+				Path       string
+				Generation int
+				Error      *string
+			}
+			Policy struct{ Generation int }
+		}
+	}
+	d.call("status", map[string]any{}, &status)
+	if status.Version == "" || len(status.Sessions) != 2 || status.Config.Conditions.Generation != 1 ||
+		status.Config.Conditions.Error != nil || status.Config.Policy.Generation != 1 {
+		t.Fatalf("status: %+v", status)
+	}
+
+	// Errors, each with the right code, and the connection stays usable.
+	d.callErr("context.set", map[string]any{"session": "nope", "context": []string{"tui"}}, control.CodeUnknownSession)
+	d.callErr("context.set", map[string]any{"session": "dm", "context": []string{"discord:role:1"}}, control.CodeInvalidParams)
+	d.callErr("session.open", map[string]any{"id": "x", "mount": h.path("mnt/x")}, control.CodeInvalidParams)
+	d.callErr("session.open", map[string]any{"id": "bad id!", "mount": h.path("mnt/y"), "context": []string{"tui"}}, control.CodeInvalidParams)
+	d.callErr("session.open", map[string]any{"id": "dm", "mount": h.path("mnt/z"), "context": []string{"tui"}}, control.CodeSessionExists)
+	d.callErr("no.such.method", map[string]any{}, control.CodeMethodNotFound)
+	d.callErr("path.check", map[string]any{"context": []string{}, "space": "memories", "path": "a\x00b"}, control.CodeInvalidParams)
+
+	conn, err := net.Dial("unix", d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	for _, tc := range []struct {
+		line string
+		code int
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":`, control.CodeParse},
+		{`not json`, control.CodeParse},
+		{`[1,2]`, control.CodeInvalidRequest},
+		{`{"jsonrpc":"1.0","id":2,"method":"status"}`, control.CodeInvalidRequest},
+		{`{"jsonrpc":"2.0","id":3,"method":"session.close","params":{"id":5}}`, control.CodeInvalidParams},
+		{`{"jsonrpc":"2.0","id":4,"method":"status","params":{}}`, 0},
+	} {
+		fmt.Fprintln(conn, tc.line)
+		answer, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("%s: connection closed: %v", tc.line, err)
+		}
+		var resp struct {
+			Error *control.Error `json:"error"`
+		}
+		json.Unmarshal([]byte(answer), &resp)
+		if (tc.code == 0) != (resp.Error == nil) || (resp.Error != nil && resp.Error.Code != tc.code) {
+			t.Fatalf("%s: %s, want code %d", tc.line, answer, tc.code)
+		}
+	}
+	// An oversized line gets an error and the connection is closed.
+	big := `{"jsonrpc":"2.0","id":9,"method":"status","params":{"pad":"` + strings.Repeat("x", control.MaxLine) + `"}}`
+	fmt.Fprintln(conn, big)
+	answer, _ := r.ReadString('\n')
+	if !strings.Contains(answer, fmt.Sprint(control.CodeInvalidRequest)) {
+		t.Fatalf("oversized line: %.200s", answer)
+	}
+	if _, err := r.ReadString('\n'); err == nil {
+		t.Fatal("connection still open after an oversized line")
+	}
+	// Other connections are unaffected.
+	d.call("status", map[string]any{}, nil)
+
+	d.call("session.close", map[string]any{"id": "dm"}, nil)
+	if len(mountsUnder(h.path("mnt/dm"))) != 0 {
+		t.Fatal("session.close left the view mounted")
+	}
+	d.callErr("session.close", map[string]any{"id": "dm"}, control.CodeUnknownSession)
+}
+
+func rawCall(t *testing.T, socket, line string) string {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintln(c, line)
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer
+}
+
+// TestNoPolicyDeniesAll runs the shared daemon cases: without a policy file
+// every tool call is denied.
+func TestNoPolicyDeniesAll(t *testing.T) {
+	cases, err := conformance.Load("constraints.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHome(t, "", "-")
+	d := startDaemon(t, h)
+	ran := 0
+	for _, c := range cases {
+		if string(c.Fields["daemon"]) != "true" {
+			continue
+		}
+		ran++
+		params := map[string]any{"tool": c.Str("tool"), "args": c.Fields["args"]}
+		if c.Has("roles") {
+			params["roles"] = c.Fields["roles"]
+		} else if c.Has("role") {
+			params["role"] = c.Str("role")
+		}
+		if c.Has("ctx") {
+			params["ctx"] = c.Fields["ctx"]
+		}
+		var dec struct {
+			Decision string  `json:"decision"`
+			Role     *string `json:"role"`
+		}
+		d.call("tool.decide", params, &dec)
+		if dec.Decision != c.Str("expect_decision") || dec.Role != nil {
+			t.Errorf("%s: %+v, want %s", c.ID, dec, c.Str("expect_decision"))
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no daemon cases in the corpus")
+	}
+}
+
+// TestHotReload: each write style gives exactly one good reload; a broken
+// file and a deleted file keep the last good config, with the error in
+// status; a valid change applies and the views follow at once.
+func TestHotReload(t *testing.T) {
+	deny := "[memories.\"/private/\"]\nwhen = \"discord:dm\"\naction = \"allow\"\n"
+	allow := "[memories.\"/private/\"]\nwhen = [\"discord:dm\", \"discord:guild:1\"]\naction = \"allow\"\n"
+	for _, style := range []string{"inplace", "rename", "truncate", "configmap"} {
+		t.Run(style, func(t *testing.T) {
+			h := newHome(t, "-", "version: 1\n")
+			text := deny
+			if style == "configmap" {
+				configmapWrite(t, h, &text, 1)
+				os.Symlink("..data/conditions.toml", h.path("config/conditions.toml"))
+			} else {
+				h.write("config/conditions.toml", deny)
+			}
+			h.write("memories/private/p.md", "p")
+			d := startDaemon(t, h)
+			mnt := d.open("s", guildCtx)
+			if _, err := os.Stat(mnt + "/memories/private/p.md"); !errors.Is(err, syscall.ENOENT) {
+				t.Fatalf("before: %v", err)
+			}
+			before := d.conditionsStatus()
+			text = allow
+			writeStyle(t, h, style, &text, 2)
+			after := d.waitReload(before, true)
+			if after.Generation != before.Generation+1 {
+				t.Fatalf("%s: generation %d -> %d, want exactly one reload", style, before.Generation, after.Generation)
+			}
+			if _, err := os.Stat(mnt + "/memories/private/p.md"); err != nil {
+				t.Fatalf("after the reload the view still hides the file: %v", err)
+			}
+		})
+	}
+	t.Run("broken-then-deleted-then-fixed", func(t *testing.T) {
+		h := newHome(t, deny, "version: 1\n")
+		h.write("memories/private/p.md", "p")
+		d := startDaemon(t, h)
+		mnt := d.open("s", guildCtx)
+		before := d.conditionsStatus()
+		broken := "[memories.\"/private/\"]\nwhen = \"discord:dm\"\naction = \"alow\"\n"
+		writeStyle(t, h, "rename", &broken, 2)
+		st := d.waitReload(before, false)
+		if st.Generation != before.Generation || !strings.Contains(*st.Error, "conditions.toml:3:") {
+			t.Fatalf("broken file: %+v", st)
+		}
+		if _, err := os.Stat(mnt + "/memories/private/p.md"); !errors.Is(err, syscall.ENOENT) {
+			t.Fatalf("a broken file opened something: %v", err)
+		}
+		os.Remove(h.path("config/conditions.toml"))
+		time.Sleep(300 * time.Millisecond)
+		st = d.conditionsStatus()
+		if st.Error == nil || !strings.Contains(*st.Error, "disappeared") {
+			t.Fatalf("deleted file: %+v", st)
+		}
+		if _, err := os.Stat(mnt + "/memories/private/p.md"); !errors.Is(err, syscall.ENOENT) {
+			t.Fatalf("a deleted file opened something: %v", err)
+		}
+		good := allow
+		writeStyle(t, h, "rename", &good, 3)
+		st = d.waitReload(st, true)
+		if st.Generation != before.Generation+1 || st.Error != nil {
+			t.Fatalf("fixed file: %+v", st)
+		}
+		if _, err := os.Stat(mnt + "/memories/private/p.md"); err != nil {
+			t.Fatalf("valid change not applied: %v", err)
+		}
+	})
+}
+
+// TestPeerCredentials: a client running as another uid is refused before
+// any request is read; --allow-uid lets it in.
+func TestPeerCredentials(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv is needed to connect as another user: %v", err)
+	}
+	h := newHome(t, "", "version: 1\n")
+	// The socket directory must be reachable by the other user.
+	os.Chmod(filepath.Dir(h.root), 0o755)
+	os.Chmod(h.root, 0o755)
+	os.MkdirAll(h.path("run"), 0o755)
+	d := startDaemon(t, h, "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(condfsBin), 0o755)
+	asNobody := func() string {
+		out, _ := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+			condfsBin, "ctl", "--socket", d.socket, "--json", "status").CombinedOutput()
+		return string(out)
+	}
+	if out := asNobody(); !strings.Contains(out, "uid 65534 may not use this socket") {
+		t.Fatalf("nobody was not refused: %s", out)
+	}
+	d.stop()
+	d2 := startDaemon(t, h, "--socket-mode", "0666", "--allow-uid", "65534")
+	_ = d2
+	if out := asNobody(); !strings.Contains(out, `"version"`) {
+		t.Fatalf("--allow-uid 65534 did not let nobody in: %s", out)
+	}
+}
+
+// TestManyClients: 1,000 concurrent clients each make 100 decisions over
+// their own connection; no error, and the daemon keeps no connection
+// afterwards.
+func TestManyClients(t *testing.T) {
+	h := newHome(t, "", e2ePolicy)
+	d := startDaemon(t, h)
+	fdsBefore := countFDs(t, d.cmd.Process.Pid)
+	const clients, calls = 1000, 100
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	start := time.Now()
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c, err := control.Dial(d.socket)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			for j := 0; j < calls; j++ {
+				var dec struct{ Decision string }
+				amount := (i*calls + j) % 200
+				if err := c.Call("tool.decide", map[string]any{"tool": "refund", "args": map[string]any{"amount": amount}}, &dec); err != nil {
+					errs <- err
+					return
+				}
+				want := "deny"
+				if amount <= 100 {
+					want = "allow"
+				}
+				if dec.Decision != want {
+					errs <- fmt.Errorf("amount %d: %s", amount, dec.Decision)
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d decisions from %d clients in %v", clients*calls, clients, time.Since(start))
+	// Every connection is gone from the daemon once the clients left.
+	deadline := time.Now().Add(5 * time.Second)
+	for countFDs(t, d.cmd.Process.Pid) > fdsBefore+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon holds %d fds, had %d before: connections leak", countFDs(t, d.cmd.Process.Pid), fdsBefore)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// countFDs counts a process's open fds, leaving out pipes: go-fuse keeps
+// a pool of splice pipes whose size follows the load, not our bookkeeping.
+func countFDs(t *testing.T, pid int) int {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink(dir + "/" + e.Name()); err == nil && !strings.HasPrefix(target, "pipe:") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSessionsDoNotLeak: opening and closing sessions leaves the daemon's
+// fd count and mounts where they were.
+func TestSessionsDoNotLeak(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/private/p.md", "p")
+	d := startDaemon(t, h)
+	cycle := func() {
+		mnt := d.open("s", dmCtx)
+		if _, err := os.ReadFile(mnt + "/memories/private/p.md"); err != nil {
+			t.Fatal(err)
+		}
+		d.setContext("s", guildCtx)
+		d.call("session.close", map[string]any{"id": "s"}, nil)
+	}
+	for i := 0; i < 3; i++ {
+		cycle()
+	}
+	before := countFDs(t, d.cmd.Process.Pid)
+	for i := 0; i < 20; i++ {
+		cycle()
+	}
+	if after := countFDs(t, d.cmd.Process.Pid); after > before {
+		t.Fatalf("daemon fds %d -> %d over 20 sessions", before, after)
+	}
+	if m := mountsUnder(h.path("mnt")); len(m) != 0 {
+		t.Fatalf("mounts left: %v", m)
+	}
+}
+
+// TestCrash: kill -9 while a reader holds files open. The view fails
+// closed (ENOTCONN) and a restart on the same mountpoint succeeds.
+func TestCrash(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/private/p.md", "private")
+	h.write("memories/pub.md", "public")
+	d := startDaemon(t, h)
+	mnt := d.open("default", dmCtx)
+	held, err := os.Open(mnt + "/memories/private/p.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	buf := make([]byte, 4)
+	if _, err := held.ReadAt(buf, 0); err == nil {
+		t.Fatal("a ruled file still reads after the daemon died")
+	}
+	for _, op := range []func() error{
+		func() error { _, err := os.Stat(mnt + "/memories/pub.md"); return err },
+		func() error { _, err := os.ReadDir(mnt + "/memories"); return err },
+		func() error { _, err := os.Open(mnt + "/memories/pub.md"); return err },
+	} {
+		if err := op(); !errors.Is(err, syscall.ENOTCONN) {
+			t.Fatalf("after the crash: %v, want ENOTCONN", err)
+		}
+	}
+	os.Remove(d.socket) // what a crash leaves may include the socket; the next start replaces it anyway
+	d2 := startDaemon(t, h, "--mount", mnt, "--context", "discord:dm")
+	b, err := os.ReadFile(mnt + "/memories/private/p.md")
+	if err != nil || string(b) != "private" {
+		t.Fatalf("after restart: %q %v\n%s", b, err, d2.log())
+	}
+	d2.stop()
+}
+
+// TestStaleSocketAndLiveDaemon: a socket file left behind is replaced; a
+// live daemon on the same path is refused.
+func TestStaleSocketAndLiveDaemon(t *testing.T) {
+	requireFUSE(t)
+	h := newHome(t, "", "version: 1\n")
+	os.MkdirAll(h.path("run"), 0o700)
+	l, err := net.Listen("unix", h.path("run/condfs.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close() // leaves the file, with nobody listening
+	d := startDaemon(t, h)
+	out, err := exec.Command(condfsBin, "serve", "--root", h.root, "--socket", d.socket).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "live daemon") {
+		t.Fatalf("second daemon on a live socket: %v %s", err, out)
+	}
+	d.call("status", map[string]any{}, nil)
+}

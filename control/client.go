@@ -42,11 +42,14 @@ func (c *Client) Call(method string, params, out any) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.conn.Write(append(b, '\n')); err != nil {
-		return err
-	}
+	_, werr := c.conn.Write(append(b, '\n'))
+	// Even when the write fails, the daemon may have said why it closed
+	// the connection (a refused peer): read that first.
 	line, err := c.r.ReadBytes('\n')
 	if err != nil {
+		if werr != nil {
+			return werr
+		}
 		return fmt.Errorf("read answer: %w", err)
 	}
 	var resp struct {

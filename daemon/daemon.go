@@ -40,9 +40,14 @@ type Config struct {
 	AllowUIDs      []uint32
 	AllowOther     bool
 	AllowHardlinks bool
-	Logger         *slog.Logger // operational log
-	Audit          *slog.Logger // audit records
-	Debounce       time.Duration
+	// FirstMount and FirstContext open a first session "default" before
+	// the socket accepts anyone, so that a client that can connect can
+	// also rely on the view.
+	FirstMount   string
+	FirstContext cctx.Set
+	Logger       *slog.Logger // operational log
+	Audit        *slog.Logger // audit records
+	Debounce     time.Duration
 }
 
 // Daemon is a running condfs.
@@ -100,17 +105,24 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("backing directory %s: must exist and be a directory", dir)
 		}
 	}
+	if cfg.FirstMount != "" {
+		if _, cerr := d.OpenSession("default", cfg.FirstMount, cfg.FirstContext); cerr != nil {
+			return nil, fmt.Errorf("first session: %s", cerr.Message)
+		}
+	}
 	srv, err := control.Listen(control.Options{
 		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
 		Handler: d.handle, Logger: d.log,
 	})
 	if err != nil {
+		d.closeSession("default")
 		return nil, err
 	}
 	d.server = srv
 	stop, err := d.watch()
 	if err != nil {
 		srv.Close()
+		d.closeSession("default")
 		return nil, err
 	}
 	d.stopWatch = stop

@@ -90,31 +90,29 @@ unmount every view and remove the socket.`, stderr)
 		defer f.Close()
 		auditLog = slog.New(slog.NewJSONHandler(f, nil))
 	}
+	// Signals first: from here on SIGTERM means a clean shutdown.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	var uids []uint32
 	for _, u := range *allowUIDs {
 		uids = append(uids, uint32(u))
 	}
-	d, err := daemon.New(daemon.Config{
+	dcfg := daemon.Config{
 		Conditions: *conditions, Policy: *policy, BlocksDir: *blocks,
 		Memories: *memories, Workspace: *workspace,
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
 		Logger: logger, Audit: auditLog,
-	})
+	}
+	if first != nil {
+		dcfg.FirstMount, dcfg.FirstContext = *mount, *first
+	}
+	d, err := daemon.New(dcfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "condfs serve: %v\n", err)
 		return exitError{exitUsage}
 	}
-	if first != nil {
-		if _, cerr := d.OpenSession("default", *mount, *first); cerr != nil {
-			d.Close()
-			fmt.Fprintf(stderr, "condfs serve: first session: %s\n", cerr.Message)
-			return exitError{exitFail}
-		}
-	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	served := make(chan error, 1)
 	go func() { served <- d.Serve() }()
 	logger.Info("condfs serving", "socket", *socket, "version", daemon.Version)

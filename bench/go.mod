@@ -6,6 +6,7 @@ require (
 	github.com/condfs/condfs v0.0.0
 	github.com/expr-lang/expr v1.17.8
 	github.com/google/cel-go v0.31.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
 )
 
 require (
@@ -13,6 +14,7 @@ require (
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
 	golang.org/x/exp v0.0.0-20240823005443-9b4947da3948 // indirect
+	golang.org/x/sys v0.50.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20240826202546-f6391c0de4c7 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20240826202546-f6391c0de4c7 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -268,10 +269,10 @@ func (s *Server) serveConn(c *net.UnixConn) {
 			send(response{Error: Errorf(CodeInvalidRequest, "request line over %d bytes; closing the connection", MaxLine)})
 			return
 		}
-		if err != nil {
-			if len(line) == 0 {
-				return
-			}
+		if err != nil && (err != io.EOF || len(line) == 0) {
+			// A deadline or a broken connection: a half line is never
+			// taken for a request.
+			return
 		}
 		if len(trimSpace(line)) == 0 {
 			if err != nil {

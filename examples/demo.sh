@@ -1,14 +1,42 @@
 #!/usr/bin/env bash
-# The README demo. Usage: examples/demo.sh path/to/condfs
+# The README demo: mount the example agent's view in a guild channel, switch
+# to a DM, watch the view change, list prompt blocks, decide two tool calls.
+# Usage: examples/demo.sh path/to/condfs   (as root: it mounts FUSE)
 set -euo pipefail
-bin=${1:-bin/condfs}
-here=$(cd "$(dirname "$0")" && pwd)
-policy=$here/agent/config/policy.yaml
+bin=$(realpath "${1:-bin/condfs}")
+home=$(cd "$(dirname "$0")/agent" && pwd)
+tmp=$(mktemp -d /tmp/condfs-demo.XXXXXX)
+sock=$tmp/run/condfs.sock
+view=$tmp/view
+log=$tmp/daemon.log
 
-run() { echo "\$ condfs $*"; "$bin" "$@"; echo; }
+cleanup() {
+  if [ -n "${pid:-}" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid"; wait "$pid" || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 
-run policy lint "$policy"
-run policy eval --policy "$policy" --tool send_email --args '{"to": ["ann@acme.com", "bo@acme.com"]}'
-run policy eval --policy "$policy" --tool send_email --args '{"to": ["ann@acme.com", "eve@evil.example"]}'
-run policy eval --policy "$policy" --tool refund --args '{"amount": 900, "order_total": 1000}'
-run policy eval --policy "$policy" --tool refund --args '{"amount": 900, "order_total": 1000}' --context discord:dm --context discord:dm:42 --context discord:channel:42
+say() { printf '\n$ %s\n' "$*"; }
+quote() { for a in "$@"; do case $a in *[!A-Za-z0-9_./:=-]*) printf "'%s' " "$a" ;; *) printf '%s ' "$a" ;; esac; done; }
+ctl() { say "condfs ctl $(quote "$@")"; "$bin" ctl --socket "$sock" "$@"; }
+show() { say "find view -type f"; (cd "$view" && find . -type f | sed 's|^\./||' | sort); }
+
+say "condfs serve --root examples/agent --mount view --context discord:guild:123456789 --context discord:channel:555 &"
+"$bin" serve --root "$home" --socket "$sock" --mount "$view" \
+  --context discord:guild:123456789 --context discord:channel:555 --log-level warn 2>"$log" &
+pid=$!
+for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.05; done
+[ -S "$sock" ] || { echo "daemon did not start:"; cat "$log"; exit 1; }
+
+show
+ctl context default '{"kind":"discord","channel_id":"42"}'
+show
+ctl blocks default
+ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com"]}'
+ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com", "eve@evil.example"]}'
+ctl close default
+say "kill -TERM condfs"
+kill -TERM "$pid"; wait "$pid"; pid=
+echo "unmounted; socket removed: $([ -e "$sock" ] && echo no || echo yes)"

@@ -125,13 +125,18 @@ func Mount(opts Options) (*View, error) {
 		AttrTimeout:     &opts.AttrTimeout,
 		NegativeTimeout: &zero,
 		MountOptions: fuse.MountOptions{
-			FsName:        "condfs",
-			Name:          "condfs",
-			AllowOther:    opts.AllowOther,
-			Options:       []string{"default_permissions"},
-			MaxBackground: 64,
-			EnableLocks:   true,
-			Debug:         opts.Debug,
+			FsName:             "condfs",
+			Name:               "condfs",
+			AllowOther:         opts.AllowOther,
+			Options:            []string{"default_permissions"},
+			MaxBackground:      64,
+			EnableLocks:        true,
+			// READDIRPLUS makes dentries from a listing decided before a
+			// context switch but delivered after it, and the kernel stamps
+			// them with the new epoch: they would answer stale. Plain
+			// READDIR creates no dentries; every name is then looked up.
+			DisableReadDirPlus: true,
+			Debug:              opts.Debug,
 		},
 		RootStableAttr: &fs.StableAttr{Ino: 1},
 	}

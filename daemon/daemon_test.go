@@ -1,0 +1,177 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/condfs/condfs/control"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const policy = `version: 1
+roles:
+  default:
+    consts: {max_refund: 500}
+    tools:
+      refund:
+        mode: approval_required
+        constraints:
+          - args.amount <= args.order_total
+          - args.amount <= consts.max_refund or role == "billing"
+`
+
+// newDaemon starts a daemon without sessions (no FUSE needed) on a temp
+// home, serving its socket.
+func newDaemon(t testing.TB, conditions, pol string) (*Daemon, string) {
+	t.Helper()
+	root := t.TempDir()
+	for _, d := range []string{"config", "memories", "workspace", "blocks"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	if conditions != "" {
+		os.WriteFile(filepath.Join(root, "config/conditions.toml"), []byte(conditions), 0o644)
+	}
+	if pol != "" {
+		os.WriteFile(filepath.Join(root, "config/policy.yaml"), []byte(pol), 0o644)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := New(Config{
+		Conditions: filepath.Join(root, "config/conditions.toml"), Policy: filepath.Join(root, "config/policy.yaml"),
+		BlocksDir: filepath.Join(root, "blocks"), Memories: filepath.Join(root, "memories"), Workspace: filepath.Join(root, "workspace"),
+		Socket: filepath.Join(root, "run/condfs.sock"), SocketGroup: -1, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { d.Serve(); close(done) }()
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Error(err)
+		}
+		<-done
+	})
+	return d, root
+}
+
+func TestStartFailsOnBrokenConfig(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "config"), 0o755)
+	os.WriteFile(filepath.Join(root, "config/policy.yaml"), []byte("tools:\n  t: {mode: maybe}\n"), 0o644)
+	_, err := New(Config{Conditions: filepath.Join(root, "config/c.toml"), Policy: filepath.Join(root, "config/policy.yaml"),
+		Memories: root, Workspace: root, Socket: filepath.Join(root, "run/s"), SocketGroup: -1})
+	if err == nil || !strings.Contains(err.Error(), "policy.yaml:2:") {
+		t.Fatalf("broken policy at start: %v", err)
+	}
+}
+
+// TestPolicyReload: a real fsnotify event reloads the policy; a broken
+// edit keeps the last good one and reports the error.
+func TestPolicyReload(t *testing.T) {
+	d, root := newDaemon(t, "", "tools:\n  t: {mode: deny}\n")
+	c, err := control.Dial(d.cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	decide := func() string {
+		var res struct{ Decision string }
+		if err := c.Call("tool.decide", map[string]any{"tool": "t", "args": map[string]any{}}, &res); err != nil {
+			t.Fatal(err)
+		}
+		return res.Decision
+	}
+	if decide() != "deny" {
+		t.Fatal("initial policy")
+	}
+	p := filepath.Join(root, "config/policy.yaml")
+	write := func(text string) {
+		tmp := p + ".tmp"
+		os.WriteFile(tmp, []byte(text), 0o644)
+		os.Rename(tmp, p)
+	}
+	waitFor := func(cond func() bool) {
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out; status %+v", d.configStatus())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	write("tools:\n  t: {mode: allow}\n")
+	waitFor(func() bool { return decide() == "allow" })
+	if st := d.policy.status(); st.Generation != 2 || st.Error != nil {
+		t.Fatalf("status after a good edit: %+v", st)
+	}
+	write("tools:\n  t: {mode: allow, contraints: []}\n")
+	waitFor(func() bool { return d.policy.status().Error != nil })
+	if decide() != "allow" || d.policy.status().Generation != 2 {
+		t.Fatal("a broken edit changed the policy in force")
+	}
+	var st map[string]FileStatus
+	if err := c.Call("config.reload", map[string]any{}, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st["policy"].Error == nil || !strings.Contains(*st["policy"].Error, "contraints") {
+		t.Fatalf("config.reload status: %+v", st)
+	}
+}
+
+// BenchmarkToolDecide: tool.decide over a persistent connection. Compare
+// with control.BenchmarkEcho (the same socket, a bare echo) in the same
+// run: goal ≤ 1.5×.
+func BenchmarkToolDecide(b *testing.B) {
+	d, _ := newDaemon(b, "", policy)
+	c, err := control.Dial(d.cfg.Socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	params := map[string]any{"tool": "refund", "args": map[string]any{"amount": 100, "order_total": 200}}
+	var out struct{ Decision string }
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Call("tool.decide", params, &out); err != nil || out.Decision != "approval_required" {
+			b.Fatal(out, err)
+		}
+	}
+}
+
+// BenchmarkEchoBaseline runs the bare echo in this package too, so that
+// one `go test -bench` run gives both sides of the ratio.
+func BenchmarkEchoBaseline(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "run", "e.sock")
+	s, err := control.Listen(control.Options{Path: path, Group: -1, Handler: func(_ context.Context, _ string, p json.RawMessage) (any, *control.Error) {
+		return p, nil
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { s.Serve(); close(done) }()
+	defer func() { s.Close(); <-done }()
+	c, err := control.Dial(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	params := map[string]any{"tool": "refund", "args": map[string]any{"amount": 100, "order_total": 200}}
+	var out json.RawMessage
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Call("echo", params, &out); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

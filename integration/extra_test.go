@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestAuditLog: every tool decision and every denied path goes to the
+// --audit file as one JSON line with the session, atoms, target, decision
+// and the deciding rule or reasons.
+func TestAuditLog(t *testing.T) {
+	h := newHome(t, privateRule, e2ePolicy)
+	h.write("memories/private/p.md", "p")
+	audit := h.path("audit.jsonl")
+	d := startDaemon(t, h, "--audit", audit)
+	mnt := d.open("s", guildCtx)
+	var dec struct{ Decision string }
+	d.call("tool.decide", map[string]any{"session": "s", "tool": "refund", "args": map[string]any{"amount": 500}}, &dec)
+	d.call("path.check", map[string]any{"session": "s", "space": "memories", "path": "/private/p.md"}, nil)
+	os.WriteFile(mnt+"/memories/private.md", nil, 0o644) // allowed: not audited as a deny
+	if err := os.Mkdir(mnt+"/memories/private", 0o755); err == nil {
+		t.Fatal("mkdir of a denied path succeeded")
+	}
+	d.stop()
+	data, err := os.ReadFile(audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("audit line is not JSON: %q", line)
+		}
+		if rec["session"] != "s" || rec["decision"] == nil || rec["atoms"] == nil {
+			t.Fatalf("audit record lacks session, atoms or decision: %v", rec)
+		}
+		switch rec["kind"] {
+		case "tool":
+			if rec["tool"] != "refund" || rec["decision"] != "deny" || rec["reasons"] == nil {
+				t.Fatalf("tool record: %v", rec)
+			}
+		case "path":
+			if rec["path"] != "/private/p.md" && rec["path"] != "/private" {
+				t.Fatalf("path record: %v", rec)
+			}
+		}
+		kinds = append(kinds, rec["kind"].(string)+":"+rec["decision"].(string))
+	}
+	got := strings.Join(kinds, " ")
+	for _, want := range []string{"tool:deny", "path:deny"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("audit has %q, want a %s record", got, want)
+		}
+	}
+	if strings.Count(got, "path:deny") != 2 {
+		t.Fatalf("want the path.check deny and the mkdir deny: %q", got)
+	}
+}
+
+// TestBackingModesHold: with allow_other, another user gains nothing
+// through the view that the backing modes deny (default_permissions).
+func TestBackingModesHold(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv: %v", err)
+	}
+	h := newHome(t, "", "version: 1\n")
+	h.write("workspace/open.txt", "open")
+	h.write("workspace/secret.txt", "secret")
+	os.Chmod(h.path("workspace/secret.txt"), 0o600)
+	d := startDaemon(t, h)
+	mnt := d.open("s", []string{"tui"})
+	for dir := mnt; dir != "/"; dir = filepath.Dir(dir) {
+		if strings.HasPrefix(dir, h.root) || dir == filepath.Dir(h.root) {
+			os.Chmod(dir, 0o755)
+		}
+	}
+	as := func(args ...string) (string, error) {
+		out, err := exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := as("cat", mnt+"/workspace/open.txt"); err != nil || out != "open" {
+		t.Fatalf("nobody cannot read a world-readable file: %q %v", out, err)
+	}
+	if out, err := as("cat", mnt+"/workspace/secret.txt"); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Fatalf("nobody read a 0600 root file through the view: %q %v", out, err)
+	}
+	if out, err := as("touch", mnt+"/workspace/new.txt"); err == nil {
+		t.Fatalf("nobody created a file in a root-owned 0755 directory: %q", out)
+	}
+}
+
+// TestCtl drives the daemon with condfs ctl, for people and with --json.
+func TestCtl(t *testing.T) {
+	h := newHome(t, e2eConditions, e2ePolicy)
+	h.write("blocks/conditional/dm.md", "+++\ndescription = \"dm block\"\n+++\nbe kind\n")
+	d := startDaemon(t, h)
+	ctl := func(args ...string) string {
+		out, err := exec.Command(condfsBin, append([]string{"ctl", "--socket", d.socket}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ctl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	mnt := h.path("mnt/c")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"open", "c", mnt, "--context", "discord:dm", "--context", "discord:dm:7"}, "session c mounted at " + mnt},
+		{[]string{"list"}, "discord:dm discord:dm:7"},
+		{[]string{"context", "c"}, "context: discord:dm discord:dm:7"},
+		{[]string{"blocks", "c"}, "== dm: dm block\nbe kind"},
+		{[]string{"check", "c", "memories", "/private/x"}, "/private/x: allow (allow rule /private/ holds)"},
+		{[]string{"decide", "--session", "c", "--tool", "refund", "--args", `{"amount": 500}`}, "allow (role default)"},
+		{[]string{"context", "c", "discord:guild:1", "discord:channel:2"}, "context: discord:channel:2 discord:guild:1"},
+		{[]string{"decide", "--session", "c", "--tool", "refund", "--args", `{"amount": 500}`}, "deny (role -)\n  because constraint"},
+		{[]string{"--json", "status"}, `"generation":1`},
+		{[]string{"reload"}, "conditions:"},
+		{[]string{"close", "c"}, "closed"},
+	} {
+		if out := ctl(tc.args...); !strings.Contains(out, tc.want) {
+			t.Fatalf("ctl %v:\n%s\nwant %q", tc.args, out, tc.want)
+		}
+	}
+	out, err := exec.Command(condfsBin, "ctl", "--socket", d.socket, "context", "nope").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `unknown session "nope": open it with session.open`) {
+		t.Fatalf("unknown session: %v %s", err, out)
+	}
+	out, err = exec.Command(condfsBin, "ctl", "--socket", h.path("no.sock"), "status").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "is condfs serve running?") {
+		t.Fatalf("no daemon: %v %s", err, out)
+	}
+}

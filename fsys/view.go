@@ -125,12 +125,12 @@ func Mount(opts Options) (*View, error) {
 		AttrTimeout:     &opts.AttrTimeout,
 		NegativeTimeout: &zero,
 		MountOptions: fuse.MountOptions{
-			FsName:             "condfs",
-			Name:               "condfs",
-			AllowOther:         opts.AllowOther,
-			Options:            []string{"default_permissions"},
-			MaxBackground:      64,
-			EnableLocks:        true,
+			FsName:        "condfs",
+			Name:          "condfs",
+			AllowOther:    opts.AllowOther,
+			Options:       []string{"default_permissions"},
+			MaxBackground: 64,
+			EnableLocks:   true,
 			// READDIRPLUS makes dentries from a listing decided before a
 			// context switch but delivered after it, and the kernel stamps
 			// them with the new epoch: they would answer stale. Plain

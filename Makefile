@@ -23,9 +23,11 @@ lint:
 demo: build
 	./examples/demo.sh $(BIN)
 
+# Engine, socket and FUSE benchmarks; every figure has its baseline in the
+# same run (see docs/performance.md). The FUSE ones need root.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./constraints/ ./acl/
-	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem ./constraints/ ./acl/ ./daemon/
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 200x ./constraints/internal/expr/

@@ -83,6 +83,21 @@ func (t *target) close() {
 // directory beneath its root. A hidden parent answers ENOENT; a denied
 // child answers ENOENT for lookups and EACCES for mutations.
 func (n *node) resolve(name string, mutate bool) (t target, errno syscall.Errno) {
+	t, errno = n.check(name, mutate)
+	if errno != 0 {
+		return t, errno
+	}
+	dir, _ := split(t.path)
+	fd, err := t.b.openDir(dir)
+	if err != nil {
+		return t, errnoOf(err)
+	}
+	t.dirfd = fd
+	return t, 0
+}
+
+// check is resolve's decision half: the rules alone, no backing access.
+func (n *node) check(name string, mutate bool) (t target, errno syscall.Errno) {
 	t.dirfd = -1
 	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
 		return t, syscall.EINVAL
@@ -102,11 +117,6 @@ func (n *node) resolve(name string, mutate bool) (t target, errno syscall.Errno)
 		return t, syscall.EACCES
 	}
 	t.ruled = ruled
-	fd, err := t.b.openDir(dir)
-	if err != nil {
-		return t, errnoOf(err)
-	}
-	t.dirfd = fd
 	return t, 0
 }
 
@@ -211,17 +221,29 @@ var (
 	_ fs.NodeStatfser   = (*node)(nil)
 )
 
+// Lookup opens the entry itself (O_PATH, a symlink as the link) in one
+// openat2 call, so that a missing name, the common case before a create,
+// costs one syscall.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	t, errno := n.resolve(name, false)
-	defer t.close()
+	t, errno := n.check(name, false)
 	if errno != 0 {
 		return nil, errno
 	}
-	var st unix.Stat_t
-	if err := t.fstat(&st); err != nil {
+	fd, err := t.b.open(t.path, unix.O_PATH, 0)
+	if err != nil {
 		return nil, errnoOf(err)
 	}
-	if n.hidden(&t, &st) {
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	// hidden() reads a link through dirfd+name; "" with the link's own
+	// O_PATH fd reads the link itself.
+	t.dirfd, t.name = fd, ""
+	hide := n.hidden(&t, &st)
+	t.dirfd = -1
+	if hide {
 		return nil, syscall.ENOENT
 	}
 	return n.newChild(ctx, &st, out), 0

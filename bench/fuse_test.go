@@ -62,9 +62,13 @@ func setup() (*fixture, error) {
 	f := &fixture{mounts: map[string]string{}}
 	f.stop = append(f.stop, func() { os.RemoveAll(tmp) })
 	home := filepath.Join(tmp, "home")
-	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace", "mnt", "loop"} {
+	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace"} {
 		os.MkdirAll(filepath.Join(home, d), 0o755)
 	}
+	// All three variants reach the tree at the same depth: home/workspace,
+	// loop/workspace (loopback of home) and mnt/workspace (the view).
+	loopDir, mnt := filepath.Join(tmp, "loop"), filepath.Join(tmp, "mnt")
+	os.MkdirAll(loopDir, 0o755)
 	os.WriteFile(filepath.Join(home, "config/conditions.toml"), []byte(rules1000()), 0o644)
 	f.backing = filepath.Join(home, "workspace")
 	if err := populate(f.backing); err != nil {
@@ -78,7 +82,7 @@ func setup() (*fixture, error) {
 		return f, err
 	}
 	// go-fuse loopback over the same tree.
-	loop := exec.Command(filepath.Join(bin, "loopback"), f.backing, filepath.Join(home, "loop"))
+	loop := exec.Command(filepath.Join(bin, "loopback"), home, loopDir)
 	out, _ := loop.StdoutPipe()
 	loop.Stderr = os.Stderr
 	if err := loop.Start(); err != nil {
@@ -89,7 +93,7 @@ func setup() (*fixture, error) {
 		return f, fmt.Errorf("loopback did not start: %q %v", line, err)
 	}
 	// condfs with 1,000 rules.
-	sock := filepath.Join(home, "run/condfs.sock")
+	sock := filepath.Join(tmp, "run/condfs.sock")
 	d := exec.Command(filepath.Join(bin, "condfs"), "serve", "--root", home, "--socket", sock, "--log-level", "error")
 	d.Stderr = os.Stderr
 	if err := d.Start(); err != nil {
@@ -105,12 +109,11 @@ func setup() (*fixture, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	mnt := filepath.Join(home, "mnt")
 	if err := f.ctl.Call("session.open", map[string]any{"id": "b", "mount": mnt, "context": []string{"discord:guild:7"}}, nil); err != nil {
 		return f, err
 	}
 	f.mounts["native"] = f.backing
-	f.mounts["loopback"] = filepath.Join(home, "loop")
+	f.mounts["loopback"] = filepath.Join(loopDir, "workspace")
 	f.mounts["condfs"] = filepath.Join(mnt, "workspace")
 	return f, nil
 }

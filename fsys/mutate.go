@@ -223,13 +223,14 @@ func (t *target) pathFD() (int, error) {
 func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if fsa, ok := f.(fs.FileSetattrer); ok && f != nil {
+	if fsa, ok := f.(fs.FileSetattrer); ok {
+		// A gated handle re-decides itself; a passthrough handle has no
+		// check of its own, so decide here.
 		if _, gated := f.(*gatedFile); !gated {
-			if t, errno := n.self(true); errno != 0 {
-				t.close()
+			t, errno := n.self(true)
+			t.close()
+			if errno != 0 {
 				return errno
-			} else {
-				t.close()
 			}
 		}
 		return fsa.Setattr(ctx, in, out)

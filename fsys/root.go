@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -36,8 +35,6 @@ var (
 	_ fs.NodeSetxattrer = (*rootNode)(nil)
 	_ fs.NodeStatfser   = (*rootNode)(nil)
 )
-
-var mountTime = time.Now()
 
 func spaceByName(name string) (acl.Space, bool) {
 	sp, err := acl.ParseSpace(name)
@@ -80,7 +77,8 @@ func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 	out.Mode = syscall.S_IFDIR | 0o555
 	out.Nlink = 4
 	out.Uid, out.Gid = uint32(os.Geteuid()), uint32(os.Getegid())
-	out.SetTimes(&mountTime, &mountTime, &mountTime)
+	t := r.view.mountedAt
+	out.SetTimes(&t, &t, &t)
 	return 0
 }
 

@@ -85,6 +85,8 @@ type View struct {
 	closed   atomic.Bool
 	unmounts sync.Once
 	done     chan struct{}
+	// mountedAt is the mount root's timestamp.
+	mountedAt time.Time
 
 	// reads counts READ requests the daemon served, for tests that prove
 	// passthrough.
@@ -103,7 +105,7 @@ func Mount(opts Options) (*View, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	v := &View{opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{})}
+	v := &View{opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}), mountedAt: time.Now()}
 	set := opts.Context
 	v.ctx.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {

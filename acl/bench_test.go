@@ -57,3 +57,21 @@ func BenchmarkBaselineMapLookup(b *testing.B) {
 		_ = m[deep]
 	}
 }
+
+// BenchmarkVisible is what a view asks on every lookup: the path and every
+// directory above it, in one walk.
+func BenchmarkVisible(b *testing.B) {
+	c := mustParse(b, rules1000())
+	ctx := set(b, "discord:guild:1", "discord:channel:5")
+	for _, bc := range []struct{ name, path string }{
+		{"miss-deep", "/" + strings.Repeat("dir/", 30) + "file.md"},
+		{"hit-prefix-deep", "/team8/project8/" + strings.Repeat("x/", 28) + "f"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				c.Visible(Memories, bc.path, ctx)
+			}
+		})
+	}
+}

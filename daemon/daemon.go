@@ -181,8 +181,8 @@ func (d *Daemon) OpenSession(id, mount string, set cctx.Set) (*fsys.View, *contr
 		Rules: d.conditions, Context: set,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
 		Logger: d.log,
-		OnDeny: func(sp acl.Space, p, op string) {
-			d.audit.Info("deny", "kind", "path", "session", id, "atoms", set.Atoms(), "space", sp.String(), "path", p, "op", op, "decision", "deny")
+		OnDeny: func(ctx cctx.Set, sp acl.Space, p, op string) {
+			d.audit.Info("deny", "kind", "path", "session", id, "atoms", ctx.Atoms(), "space", sp.String(), "path", p, "op", op, "decision", "deny")
 		},
 	})
 	if err != nil {

@@ -72,7 +72,7 @@ func (f *gatedFile) allowed() bool {
 	snap := f.node.view.snapshot()
 	vis, _ := snap.cfg.Visible(f.node.space, p, snap.ctx)
 	if !vis {
-		f.node.view.auditDeny(f.node.space, p, "io")
+		f.node.view.auditDeny(snap.ctx, f.node.space, p, "io")
 	}
 	return vis
 }

@@ -103,7 +103,7 @@ func (n *node) Symlink(ctx context.Context, link, name string, out *fuse.EntryOu
 	if escapes(t.path, link) {
 		// It would be hidden at once: refuse rather than make an entry
 		// that cannot be seen.
-		n.view.auditDeny(n.space, t.path, "symlink out of the space")
+		n.view.auditDeny(t.snap.ctx, n.space, t.path, "symlink out of the space")
 		return nil, syscall.EACCES
 	}
 	if err := unix.Symlinkat(link, t.dirfd, name); err != nil {
@@ -178,7 +178,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	var st unix.Stat_t
 	if err := src.fstat(&st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		if src.snap.cfg.HasRulesUnder(n.space, src.path) || dst.snap.cfg.HasRulesUnder(n.space, dst.path) {
-			n.view.auditDeny(n.space, src.path, "rename of a directory holding ruled paths")
+			n.view.auditDeny(src.snap.ctx, n.space, src.path, "rename of a directory holding ruled paths")
 			return syscall.EACCES
 		}
 	}
@@ -192,7 +192,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	snap := n.view.snapshot()
 	if !n.view.opts.AllowHardlinks && snap.cfg.HasRules(n.space) {
-		n.view.auditDeny(n.space, name, "link")
+		n.view.auditDeny(snap.ctx, n.space, name, "link")
 		return nil, syscall.EPERM
 	}
 	src, errno := tn.self(true)

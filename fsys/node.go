@@ -111,9 +111,11 @@ func (n *node) check(name string, mutate bool) (t target, errno syscall.Errno) {
 	vis, ruled := t.snap.cfg.Visible(n.space, t.path, t.snap.ctx)
 	if !vis {
 		if parentVis, _ := t.snap.cfg.Visible(n.space, dir, t.snap.ctx); !parentVis || !mutate {
+			// Named explicitly (listings never show it): worth an audit line.
+			n.view.auditDeny(t.snap.ctx, n.space, t.path, "lookup")
 			return t, syscall.ENOENT
 		}
-		n.view.auditDeny(n.space, t.path, "mutate")
+		n.view.auditDeny(t.snap.ctx, n.space, t.path, "mutate")
 		return t, syscall.EACCES
 	}
 	t.ruled = ruled

@@ -62,10 +62,10 @@ type Options struct {
 	// AttrTimeout is the kernel's positive entry and attribute cache
 	// time; 0 means 1s.
 	AttrTimeout time.Duration
-	// OnDeny, if set, is told of every denied mutation (for the audit
-	// log). Lookups of hidden paths are not reported: they are the normal
-	// way a view says "no such file".
-	OnDeny func(space acl.Space, path, op string)
+	// OnDeny, if set, is told of every path the rules deny to a request
+	// that names it (lookup, mutation, or I/O on a revoked handle), for
+	// the audit log. Entries left out of a listing are not reported.
+	OnDeny func(ctx cctx.Set, space acl.Space, path, op string)
 	Logger *slog.Logger
 	// Debug logs every FUSE request.
 	Debug bool
@@ -247,9 +247,10 @@ func (v *View) incEpoch() error {
 	}
 }
 
-func (v *View) auditDeny(sp acl.Space, path, op string) {
+// auditDeny reports a denial with the context it was decided in.
+func (v *View) auditDeny(ctx cctx.Set, sp acl.Space, path, op string) {
 	if v.opts.OnDeny != nil {
-		v.opts.OnDeny(sp, path, op)
+		v.opts.OnDeny(ctx, sp, path, op)
 	}
 }
 

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,9 +20,14 @@ func TestAuditLog(t *testing.T) {
 	d := startDaemon(t, h, "--audit", audit)
 	mnt := d.open("s", guildCtx)
 	var dec struct{ Decision string }
+	d.setContext("s", []string{"discord:guild:9", "discord:channel:3"})
 	d.call("tool.decide", map[string]any{"session": "s", "tool": "refund", "args": map[string]any{"amount": 500}}, &dec)
 	d.call("path.check", map[string]any{"session": "s", "space": "memories", "path": "/private/p.md"}, nil)
 	os.WriteFile(mnt+"/memories/private.md", nil, 0o644) // allowed: not audited as a deny
+	os.ReadDir(mnt + "/memories")                        // hides private/ without naming it: no record
+	if _, err := os.Stat(mnt + "/memories/private/p.md"); err == nil {
+		t.Fatal("a denied path is visible")
+	}
 	if err := os.Mkdir(mnt+"/memories/private", 0o755); err == nil {
 		t.Fatal("mkdir of a denied path succeeded")
 	}
@@ -30,7 +36,7 @@ func TestAuditLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kinds []string
+	var kinds, ops []string
 	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
@@ -38,6 +44,10 @@ func TestAuditLog(t *testing.T) {
 		}
 		if rec["session"] != "s" || rec["decision"] == nil || rec["atoms"] == nil {
 			t.Fatalf("audit record lacks session, atoms or decision: %v", rec)
+		}
+		// Records carry the context in force when they were decided.
+		if a := fmt.Sprint(rec["atoms"]); a != "[discord:channel:3 discord:guild:9]" {
+			t.Fatalf("audit record with atoms %s, want the switched context", a)
 		}
 		switch rec["kind"] {
 		case "tool":
@@ -50,6 +60,9 @@ func TestAuditLog(t *testing.T) {
 			}
 		}
 		kinds = append(kinds, rec["kind"].(string)+":"+rec["decision"].(string))
+		if op, ok := rec["op"].(string); ok {
+			ops = append(ops, op)
+		}
 	}
 	got := strings.Join(kinds, " ")
 	for _, want := range []string{"tool:deny", "path:deny"} {
@@ -57,8 +70,10 @@ func TestAuditLog(t *testing.T) {
 			t.Fatalf("audit has %q, want a %s record", got, want)
 		}
 	}
-	if strings.Count(got, "path:deny") != 2 {
-		t.Fatalf("want the path.check deny and the mkdir deny: %q", got)
+	// path.check, the stat (a lookup), and the mkdir (the kernel's lookup,
+	// then the mutation); the listing that hid private/ named nothing.
+	if o := strings.Join(ops, " "); o != "check lookup lookup mutate" {
+		t.Fatalf("denied path records by op: %q", o)
 	}
 }
 

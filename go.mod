@@ -3,11 +3,13 @@ module github.com/condfs/condfs
 go 1.26.8
 
 require (
-	github.com/BurntSushi/toml v1.6.0 // indirect
-	github.com/fsnotify/fsnotify v1.10.1 // indirect
-	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
-	github.com/spf13/pflag v1.1.0 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
-	gopkg.in/yaml.v3 v3.0.1 // indirect
+	github.com/BurntSushi/toml v1.6.0
+	github.com/fsnotify/fsnotify v1.10.1
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/spf13/pflag v1.1.0
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.50.0
+	gopkg.in/yaml.v3 v3.0.1
 )
+
+require github.com/kr/text v0.2.0 // indirect

@@ -121,14 +121,8 @@ func (c *Config) Decide(s Space, p string, ctx cctx.Set) (allow, ruled bool) {
 	}
 	// Walk the segments of p ("/a/b" -> "a", "b") without splitting.
 	for i := 1; i < len(p) && n.children != nil; {
-		j := strings.IndexByte(p[i:], '/')
-		var seg string
-		last := j < 0
-		if last {
-			seg = p[i:]
-		} else {
-			seg = p[i : i+j]
-		}
+		seg, next := segment(p, i)
+		last := next == len(p)
 		if n = n.children[seg]; n == nil {
 			break
 		}
@@ -141,12 +135,22 @@ func (c *Config) Decide(s Space, p string, ctx cctx.Set) (allow, ruled bool) {
 			}
 			break
 		}
-		i += j + 1
+		i = next
 	}
 	if allowed {
 		return true, true
 	}
 	return !matched, matched
+}
+
+// segment returns the segment of canonical path p that starts at i and
+// the index of the next one (len(p) after the last). Small enough to
+// inline: it runs for every segment of every lookup.
+func segment(p string, i int) (seg string, next int) {
+	if j := strings.IndexByte(p[i:], '/'); j >= 0 {
+		return p[i : i+j], i + j + 1
+	}
+	return p[i:], len(p)
 }
 
 // eval applies rules that match the path; it returns true on a deny.
@@ -245,13 +249,8 @@ func (c *Config) Visible(s Space, p string, ctx cctx.Set) (visible, ruled bool) 
 		return false, true // the space root itself is denied
 	}
 	for i := 1; i < len(p) && n.children != nil; {
-		j := strings.IndexByte(p[i:], '/')
-		var seg string
-		if j < 0 {
-			seg = p[i:]
-		} else {
-			seg = p[i : i+j]
-		}
+		seg, next := segment(p, i)
+		last := next == len(p)
 		if n = n.children[seg]; n == nil {
 			break
 		}
@@ -268,10 +267,10 @@ func (c *Config) Visible(s Space, p string, ctx cctx.Set) (visible, ruled bool) 
 			return false, true
 		}
 		ruled = ruled || em
-		if j < 0 {
+		if last {
 			break
 		}
-		i += j + 1
+		i = next
 	}
 	// Levels below the last trie node have no rules of their own and share
 	// the prefix state already checked.

@@ -12,7 +12,6 @@ import (
 // fileHandle is implemented by both kinds of open file.
 type fileHandle interface {
 	getattr(out *fuse.AttrOut) syscall.Errno
-	fd() int
 }
 
 // passFile is an open file under no rule. Its decision cannot change while
@@ -21,10 +20,7 @@ type fileHandle interface {
 type passFile struct {
 	*fs.LoopbackFile
 	view *View
-	raw  int
 }
-
-func (f *passFile) fd() int { return f.raw }
 
 func (f *passFile) getattr(out *fuse.AttrOut) syscall.Errno {
 	return f.LoopbackFile.Getattr(context.Background(), out)
@@ -46,7 +42,6 @@ type gatedFile struct {
 	// path at open, used when the node has since been unlinked: a file's
 	// authority does not end because its name went away.
 	openPath string
-	raw      int
 }
 
 var (
@@ -60,8 +55,6 @@ var (
 	_ fs.FileLseeker   = (*gatedFile)(nil)
 	_ fs.FileAllocater = (*gatedFile)(nil)
 )
-
-func (f *gatedFile) fd() int { return f.raw }
 
 // allowed re-decides the file's path in the current context.
 func (f *gatedFile) allowed() bool {
@@ -135,16 +128,16 @@ func (f *gatedFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 func (n *node) newHandle(fd int, path string, ruled bool) (fs.FileHandle, uint32) {
 	lf := fs.NewLoopbackFile(fd).(*fs.LoopbackFile)
 	if ruled {
-		return &gatedFile{lf: lf, node: n, openPath: path, raw: fd}, fuse.FOPEN_DIRECT_IO
+		return &gatedFile{lf: lf, node: n, openPath: path}, fuse.FOPEN_DIRECT_IO
 	}
-	return &passFile{LoopbackFile: lf, view: n.view, raw: fd}, 0
+	return &passFile{LoopbackFile: lf, view: n.view}, 0
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))
 
 // Open opens the file beneath its space root; the rules decide first.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	t, errno := n.self(flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0)
+	t, errno := n.selfCheck(flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0)
 	defer t.close()
 	if errno != 0 {
 		if errno == syscall.ENOENT {

@@ -227,7 +227,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		// A gated handle re-decides itself; a passthrough handle has no
 		// check of its own, so decide here.
 		if _, gated := f.(*gatedFile); !gated {
-			t, errno := n.self(true)
+			t, errno := n.selfCheck(true)
 			t.close()
 			if errno != 0 {
 				return errno

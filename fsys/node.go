@@ -125,7 +125,13 @@ func (n *node) check(name string, mutate bool) (t target, errno syscall.Errno) {
 // self resolves n itself, for operations on a node (getattr, open,
 // setattr, ...). The space root has no parent in the backing tree; its
 // target uses the root fd and an empty name.
-func (n *node) self(mutate bool) (t target, errno syscall.Errno) {
+func (n *node) self(mutate bool) (target, syscall.Errno) { return n.selfAt(mutate, true) }
+
+// selfCheck decides about n itself without opening its backing parent, for
+// operations that reach the backing file by its own path (open, readdir).
+func (n *node) selfCheck(mutate bool) (target, syscall.Errno) { return n.selfAt(mutate, false) }
+
+func (n *node) selfAt(mutate, openParent bool) (t target, errno syscall.Errno) {
 	t.dirfd = -1
 	if n.spaceRoot {
 		t.snap = n.view.snapshot()
@@ -145,7 +151,11 @@ func (n *node) self(mutate bool) (t target, errno syscall.Errno) {
 	if !ok {
 		return t, syscall.ENOENT
 	}
-	t, errno = pn.resolve(name, mutate)
+	if openParent {
+		t, errno = pn.resolve(name, mutate)
+	} else {
+		t, errno = pn.check(name, mutate)
+	}
 	if errno == syscall.ENOENT && mutate {
 		// The kernel holds this inode, so the name was visible once:
 		// a mutation through it is a denial, not a missing file.
@@ -297,7 +307,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 // It decides per call, so a handle opened before a context switch lists
 // what the new context may see.
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	t, errno := n.self(false)
+	t, errno := n.selfCheck(false)
 	defer t.close()
 	if errno != 0 {
 		return nil, errno

@@ -96,12 +96,6 @@ func DecodeJSON(data []byte) (Value, error) {
 	return value.Decode(string(data), value.RequestLimits)
 }
 
-// Kinds of Value, re-exported for callers that inspect decoded requests.
-const (
-	KindNull   = value.Null
-	KindBool   = value.Bool
-	KindNumber = value.Number
-	KindString = value.String
-	KindArray  = value.Array
-	KindObject = value.Object
-)
+// KindString is the kind of a JSON string, for callers that read extra
+// fields of a decoded request (the daemon's "session").
+const KindString = value.String

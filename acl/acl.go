@@ -291,3 +291,58 @@ func (c *Config) HasRulesUnder(s Space, p string) bool {
 	}
 	return len(n.prefix) > 0 || len(n.exact) > 0 || len(n.children) > 0
 }
+
+// ExplainView answers what a view does for a path as a client sends it: the
+// path's own decision (Explain of its canonical form), and deny when any
+// directory the kernel walks through on the way is hidden, including those
+// a later ".." leaves again ("/private/../x" walks through /private).
+func (c *Config) ExplainView(s Space, raw string, atoms cctx.Set) (Explanation, error) {
+	canon, err := Canon(raw)
+	if err != nil {
+		return Explanation{}, err
+	}
+	ex := c.Explain(s, canon, atoms)
+	var stack []string
+	walked := func(dir string) bool {
+		if vis, _ := c.Visible(s, dir, atoms); !vis {
+			ex.Decision = "deny"
+			ex.Why = "the directory " + dir + " on the way is hidden"
+			return false
+		}
+		return true
+	}
+	if !walked("/") {
+		return ex, nil
+	}
+	segs := strings.Split(raw, "/")
+	// The last component is the path itself, decided above; every one
+	// before it is a directory the walk goes through.
+	for len(segs) > 0 && segs[len(segs)-1] == "" {
+		segs = segs[:len(segs)-1]
+	}
+	for i, seg := range segs {
+		switch seg {
+		case "", ".":
+			continue
+		case "..":
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
+			}
+			continue
+		}
+		stack = append(stack, seg)
+		if i == len(segs)-1 {
+			break
+		}
+		if !walked("/" + strings.Join(stack, "/")) {
+			return ex, nil
+		}
+	}
+	if ex.Decision == "allow" {
+		if vis, _ := c.Visible(s, canon, atoms); !vis {
+			ex.Decision = "deny"
+			ex.Why = "a directory above " + canon + " is hidden"
+		}
+	}
+	return ex, nil
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/BurntSushi/toml"
 
@@ -64,7 +65,8 @@ func (c *Config) Blocks(dir string, ctx cctx.Set) (blocks []Block, errs []BlockE
 }
 
 func readBlock(root *os.Root, name string) (Block, error) {
-	f, err := root.Open(name + ".md")
+	// O_NONBLOCK: a FIFO in the blocks directory must not hang a request.
+	f, err := root.OpenFile(name+".md", os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return Block{}, errors.New("file is missing")
@@ -116,6 +118,9 @@ func ParseFrontMatter(data []byte) (description, body string, err error) {
 	for _, l := range lines[1:end] {
 		fm.WriteString(trim(l))
 		fm.WriteByte('\n')
+	}
+	if line, col, ok := tomlNestingOK(fm.Bytes()); !ok {
+		return "", "", fmt.Errorf("front matter: %d:%d: nested deeper than %d levels", line+1, col, maxTOMLNesting)
 	}
 	var meta map[string]any
 	if _, err := toml.Decode(fm.String(), &meta); err != nil {

@@ -1,9 +1,10 @@
 package acl
 
 import (
+	"github.com/condfs/condfs/internal/configfile"
+
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 
@@ -25,7 +26,7 @@ func (e *LoadError) Error() string { return fmt.Sprintf("%s:%d:%d: %s", e.File, 
 // Load reads conditions.toml. A missing file is an error here; the daemon
 // decides what a missing file means (no rules, at start).
 func Load(file string) (*Config, error) {
-	data, err := os.ReadFile(file)
+	data, err := configfile.Read(file)
 	if err != nil {
 		return nil, err
 	}
@@ -37,6 +38,12 @@ var blockNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 // Parse compiles conditions.toml text. Unknown tables and keys, bad values
 // and malformed conditions are errors (a *LoadError) with line and column.
 func Parse(file string, data []byte) (*Config, error) {
+	if len(data) > configfile.MaxSize {
+		return nil, &LoadError{File: file, Line: 1, Col: 1, Msg: fmt.Sprintf("the file is over %d bytes", configfile.MaxSize)}
+	}
+	if line, col, ok := tomlNestingOK(data); !ok {
+		return nil, &LoadError{File: file, Line: line, Col: col, Msg: fmt.Sprintf("arrays or inline tables nested deeper than %d levels", maxTOMLNesting)}
+	}
 	l := &loader{file: file}
 	c, err := l.parse(data)
 	if err != nil {
@@ -312,4 +319,63 @@ func (l *loader) blocks(c *Config, prim toml.Primitive) error {
 		c.blocks = append(c.blocks, blockRule{name: name, cond: cond})
 	}
 	return nil
+}
+
+// maxTOMLNesting bounds [ and { nesting: the TOML parser recurses on them,
+// and a few MB of "[" would overflow the stack and kill the daemon.
+const maxTOMLNesting = 64
+
+// tomlNestingOK scans TOML text for bracket nesting, skipping strings and
+// comments. It reports the position of the first bracket too deep.
+func tomlNestingOK(data []byte) (line, col int, ok bool) {
+	depth := 0
+	line, lineStart := 1, 0
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case c == '\n':
+			line, lineStart = line+1, i+1
+		case c == '#':
+			for i+1 < len(data) && data[i+1] != '\n' {
+				i++
+			}
+		case c == '"' || c == '\'':
+			quote := c
+			multi := i+2 < len(data) && data[i+1] == quote && data[i+2] == quote
+			if multi {
+				i += 2
+			}
+			for i+1 < len(data) {
+				i++
+				switch {
+				case data[i] == '\\' && quote == '"':
+					i++
+				case data[i] == '\n':
+					if !multi {
+						goto next // unterminated: the parser reports it
+					}
+					line, lineStart = line+1, i+1
+				case data[i] == quote:
+					if !multi {
+						goto next
+					}
+					if i+2 < len(data) && data[i+1] == quote && data[i+2] == quote {
+						i += 2
+						goto next
+					}
+				}
+			}
+		case c == '[' || c == '{':
+			depth++
+			if depth > maxTOMLNesting {
+				return line, i - lineStart + 1, false
+			}
+		case c == ']' || c == '}':
+			if depth > 0 {
+				depth--
+			}
+		}
+	next:
+	}
+	return 0, 0, true
 }

@@ -1,9 +1,10 @@
 package constraints
 
 import (
+	"github.com/condfs/condfs/internal/configfile"
+
 	"fmt"
 	"math/big"
-	"os"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -16,7 +17,7 @@ import (
 
 // Load reads and compiles a policy file.
 func Load(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
+	data, err := configfile.Read(path)
 	if err != nil {
 		return nil, fmt.Errorf("read policy: %w", err)
 	}
@@ -26,6 +27,9 @@ func Load(path string) (*Policy, error) {
 // Parse compiles a policy from its text; file names it in errors. The
 // error, if any, is a *LoadError.
 func Parse(file string, data []byte) (*Policy, error) {
+	if len(data) > configfile.MaxSize {
+		return nil, &LoadError{Diags: []Diag{{File: file, Line: 1, Col: 1, Msg: fmt.Sprintf("the file is over %d bytes", configfile.MaxSize)}}}
+	}
 	l := &loader{file: file, parsed: map[*yaml.Node]parsedExpr{}}
 	p := l.load(data)
 	if len(l.errs) > 0 {
@@ -35,12 +39,16 @@ func Parse(file string, data []byte) (*Policy, error) {
 	return p, nil
 }
 
+// maxExpandedNodes bounds the YAML nodes the constants expand to.
+const maxExpandedNodes = 100000
+
 type loader struct {
-	file   string
-	errs   []Diag
-	warns  []Diag
-	seen   map[string]bool // dedupe diags
-	parsed map[*yaml.Node]parsedExpr
+	expanded int
+	file     string
+	errs     []Diag
+	warns    []Diag
+	seen     map[string]bool // dedupe diags
+	parsed   map[*yaml.Node]parsedExpr
 }
 
 type parsedExpr struct {
@@ -475,6 +483,15 @@ var jsonNumRe = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]
 // yamlValue converts a YAML node to an exact Value.
 func (l *loader) yamlValue(n *yaml.Node, depth int) (value.Value, bool) {
 	n = resolve(n)
+	// Aliases share nodes, so a small file can name an exponential number
+	// of them (an alias bomb): count what is expanded, not the depth.
+	l.expanded++
+	if l.expanded > maxExpandedNodes {
+		if l.expanded == maxExpandedNodes+1 {
+			l.errAt(n, "constants expand to more than %d YAML nodes (aliases included)", maxExpandedNodes)
+		}
+		return value.Value{}, false
+	}
 	if depth > 64 {
 		l.errAt(n, "consts nested deeper than 64 levels")
 		return value.Value{}, false

@@ -9,6 +9,7 @@ package control
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,7 +39,28 @@ const (
 	CodeMount          = -32003
 	CodeConfig         = -32004
 	CodeRefused        = -32010
+	// CodeNotOwner: the session belongs to another uid.
+	CodeNotOwner = -32011
+	// CodeForbidden: the peer may not do this (a mountpoint it may not
+	// use, an owner it may not name).
+	CodeForbidden = -32012
+	// CodeBusy: the connection limit is reached.
+	CodeBusy = -32013
 )
+
+type peerKey struct{}
+
+// PeerUID is the uid of the socket peer a request came from (SO_PEERCRED).
+func PeerUID(ctx context.Context) (uint32, bool) {
+	uid, ok := ctx.Value(peerKey{}).(uint32)
+	return uid, ok
+}
+
+// WithPeerUID is how the server tells handlers who is asking; tests of
+// handlers use it too.
+func WithPeerUID(ctx context.Context, uid uint32) context.Context {
+	return context.WithValue(ctx, peerKey{}, uid)
+}
 
 // MaxLine is the longest request line accepted (not counting the newline).
 const MaxLine = 1 << 20
@@ -72,6 +94,9 @@ type Options struct {
 	// for this long; WriteTimeout cuts one that does not read its answers.
 	IdleTimeout  time.Duration
 	WriteTimeout time.Duration
+	// MaxConns bounds the connections served at once (default 1024); one
+	// more gets an error line and is closed.
+	MaxConns int
 }
 
 // Server serves the control socket.
@@ -96,6 +121,9 @@ func Listen(opts Options) (*Server, error) {
 	}
 	if opts.WriteTimeout == 0 {
 		opts.WriteTimeout = 10 * time.Second
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 1024
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -172,6 +200,16 @@ func (s *Server) Serve() error {
 			continue
 		}
 		s.mu.Lock()
+		if len(s.conns) >= s.opts.MaxConns {
+			s.mu.Unlock()
+			s.opts.Logger.Warn("control connection refused: --max-conns reached", "max", s.opts.MaxConns)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				refuse(c, s.opts.WriteTimeout, Errorf(CodeBusy, "the daemon serves %d connections already (--max-conns); close one and retry", s.opts.MaxConns))
+			}()
+			continue
+		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -200,6 +238,14 @@ func (s *Server) Close() error {
 		s.wg.Wait()
 	})
 	return err
+}
+
+// refuse answers one error line and closes the connection.
+func refuse(c net.Conn, timeout time.Duration, e *Error) {
+	defer c.Close()
+	b, _ := json.Marshal(response{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: e})
+	c.SetWriteDeadline(time.Now().Add(timeout))
+	c.Write(append(b, '\n'))
 }
 
 // peerAllowed checks SO_PEERCRED before any request is read.
@@ -260,7 +306,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		return
 	}
 	r := bufio.NewReaderSize(c, 64<<10)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), uid))
 	defer cancel()
 	for {
 		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
@@ -322,6 +368,12 @@ func readLine(r *bufio.Reader, max int) ([]byte, bool, error) {
 
 func (s *Server) handle(ctx context.Context, line []byte) (response, bool) {
 	var req request
+	if err := noDuplicateKeys(line); err != nil {
+		if errors.Is(err, errDuplicateKey) {
+			return response{Error: Errorf(CodeInvalidRequest, "invalid request: %v", err)}, true
+		}
+		return response{Error: Errorf(CodeParse, "parse error: %v", err)}, true
+	}
 	if err := json.Unmarshal(line, &req); err != nil {
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) || (len(line) > 0 && line[0] != '{' && json.Valid(line)) {
@@ -374,4 +426,55 @@ func SocketGroup(name string) (int, error) {
 		return -1, fmt.Errorf("--socket-group %s: %w", name, err)
 	}
 	return g, nil
+}
+
+var errDuplicateKey = errors.New("duplicate key")
+
+// noDuplicateKeys walks a JSON text and fails on an object with the same
+// key twice, at any depth: encoding/json keeps the last, so a request with
+// two "method" keys would run what a log or a proxy reading the first did
+// not see.
+func noDuplicateKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	type frame struct {
+		keys   map[string]struct{}
+		object bool
+		key    bool // the next token in an object is a key
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n := len(stack); n > 0 && stack[n-1].object {
+			top := &stack[n-1]
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:n-1]
+				continue
+			}
+			if top.key {
+				k := tok.(string)
+				if _, dup := top.keys[k]; dup {
+					return fmt.Errorf("%w %q in an object", errDuplicateKey, k)
+				}
+				top.keys[k] = struct{}{}
+				top.key = false
+				continue
+			}
+			top.key = true
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{keys: map[string]struct{}{}, object: true, key: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+	}
 }

@@ -1,11 +1,12 @@
 package daemon
 
 import (
+	"github.com/condfs/condfs/internal/configfile"
+
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,8 @@ type configFile[T any] struct {
 	path    string
 	parse   func(path string, data []byte) (*T, error)
 	missing func() *T // what a missing file means at start
+	// rejectEmpty: a zero-length file on reload is an error (conditions).
+	rejectEmpty bool
 
 	cur atomic.Pointer[T]
 
@@ -45,7 +48,7 @@ func (c *configFile[T]) Load() *T { return c.cur.Load() }
 // initial loads the file at start: a file that fails to load is an error;
 // a missing one means c.missing().
 func (c *configFile[T]) initial() error {
-	data, err := os.ReadFile(c.path)
+	data, err := configfile.Read(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		c.cur.Store(c.missing())
 		c.lastGone = true
@@ -76,7 +79,7 @@ func (c *configFile[T]) commit() {
 func (c *configFile[T]) reload(force bool) (changed bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	data, rerr := os.ReadFile(c.path)
+	data, rerr := configfile.Read(c.path)
 	if errors.Is(rerr, fs.ErrNotExist) {
 		if c.lastGone && !force {
 			return false, nil
@@ -89,6 +92,14 @@ func (c *configFile[T]) reload(force bool) (changed bool, err error) {
 	if rerr != nil {
 		msg := fmt.Sprintf("%s: %v; the last good config stays in force", c.path, rerr)
 		c.lastErr = &msg
+		return false, errors.New(msg)
+	}
+	if len(data) == 0 && c.rejectEmpty {
+		// A truncate not yet followed by its write must never drop every
+		// rule: an empty file on reload is treated like a missing one.
+		msg := fmt.Sprintf("%s: %v; the last good config stays in force (to remove every rule, leave a comment in the file)", c.path, configfile.ErrEmpty)
+		c.lastErr = &msg
+		c.lastSum = [32]byte{}
 		return false, errors.New(msg)
 	}
 	sum := sha256.Sum256(data)
@@ -115,7 +126,7 @@ func (c *configFile[T]) status() FileStatus {
 }
 
 func newConditions(path string) *configFile[acl.Config] {
-	return &configFile[acl.Config]{path: path, parse: acl.Parse, missing: acl.Empty}
+	return &configFile[acl.Config]{path: path, parse: acl.Parse, missing: acl.Empty, rejectEmpty: true}
 }
 
 func newPolicy(path string) *configFile[constraints.Policy] {

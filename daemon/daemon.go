@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/condfs/condfs/acl"
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
@@ -40,6 +42,11 @@ type Config struct {
 	AllowUIDs      []uint32
 	AllowOther     bool
 	AllowHardlinks bool
+	// MountRoot is where peers other than root and the daemon's uid may
+	// have the daemon create their mountpoints (default /run/condfs/views).
+	MountRoot string
+	// MaxConns bounds the socket's connections (default 1024).
+	MaxConns int
 	// FirstMount and FirstContext open a first session "default" before
 	// the socket accepts anyone, so that a client that can connect can
 	// also rely on the view.
@@ -62,13 +69,16 @@ type Daemon struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	reloadMu sync.Mutex
+	denials  denialLimiter
 
 	stopWatch func()
 }
 
 type session struct {
-	id   string
-	view *fsys.View
+	id    string
+	mount string
+	owner uint32
+	view  *fsys.View // nil while the session is being opened
 }
 
 var sessionIDRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -105,14 +115,20 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("backing directory %s: must exist and be a directory", dir)
 		}
 	}
+	if cfg.MountRoot == "" {
+		cfg.MountRoot = "/run/condfs/views"
+		d.cfg.MountRoot = cfg.MountRoot
+	}
+	d.denials.init()
 	if cfg.FirstMount != "" {
-		if _, cerr := d.OpenSession("default", cfg.FirstMount, cfg.FirstContext); cerr != nil {
+		self := uint32(os.Geteuid())
+		if _, cerr := d.OpenSession(openRequest{peer: self, id: "default", mount: cfg.FirstMount, atoms: cfg.FirstContext, owner: self}); cerr != nil {
 			return nil, fmt.Errorf("first session: %s", cerr.Message)
 		}
 	}
 	srv, err := control.Listen(control.Options{
 		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
-		Handler: d.handle, Logger: d.log,
+		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns,
 	})
 	if err != nil {
 		d.closeSession("default")
@@ -151,54 +167,213 @@ func (d *Daemon) Close() error {
 	return errors.Join(errs...)
 }
 
-// OpenSession mounts a view for a new session.
-func (d *Daemon) OpenSession(id, mount string, set cctx.Set) (*fsys.View, *control.Error) {
-	if !sessionIDRe.MatchString(id) {
-		return nil, control.Errorf(control.CodeInvalidParams, "session id %q: use 1 to 64 of A-Z a-z 0-9 _ . -", id)
+// openRequest is a session.open: who asks, and what.
+type openRequest struct {
+	peer      uint32 // the socket peer's uid
+	id, mount string
+	atoms     cctx.Set
+	owner     uint32   // the uid the view serves
+	allowUIDs []uint32 // other uids let in
+}
+
+// privileged reports whether a peer may act for others: root and the
+// daemon's own uid.
+func privileged(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
+
+// OpenSession mounts a view for a new session. No lock is held across the
+// checks of the mountpoint or the mount itself: a mountpoint that hangs (a
+// FUSE filesystem that never answers) delays only this request.
+func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
+	if !sessionIDRe.MatchString(r.id) {
+		return nil, control.Errorf(control.CodeInvalidParams, "session id %q: use 1 to 64 of A-Z a-z 0-9 _ . -", r.id)
 	}
-	if !filepath.IsAbs(mount) {
-		return nil, control.Errorf(control.CodeInvalidParams, "mount %q must be an absolute path", mount)
+	if !filepath.IsAbs(r.mount) {
+		return nil, control.Errorf(control.CodeInvalidParams, "mount %q must be an absolute path (ctl makes relative paths absolute)", r.mount)
 	}
-	mount = filepath.Clean(mount)
+	mount := filepath.Clean(r.mount)
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.sessions[id]; ok {
-		return nil, control.Errorf(control.CodeSessionExists, "session %q is already open; close it first or pick another id", id)
+	if _, ok := d.sessions[r.id]; ok {
+		d.mu.Unlock()
+		return nil, control.Errorf(control.CodeSessionExists, "session %q is already open; close it first or pick another id", r.id)
 	}
 	for _, s := range d.sessions {
-		if s.view.Mountpoint() == mount {
+		if s.mount == mount {
+			d.mu.Unlock()
 			return nil, control.Errorf(control.CodeSessionExists, "session %q already has %s mounted", s.id, mount)
 		}
 	}
+	// Reserve the id and the mountpoint while mounting, outside the lock.
+	d.sessions[r.id] = &session{id: r.id, mount: mount, owner: r.owner}
+	d.mu.Unlock()
+	v, cerr := d.mountView(r, mount)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cerr != nil {
+		delete(d.sessions, r.id)
+		return nil, cerr
+	}
+	d.sessions[r.id].view = v
+	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())
+	return v, nil
+}
+
+// mountView confines the mountpoint (conditions.md, "Authority") and mounts.
+func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Error) {
 	if err := fsys.ClearStale(mount); err != nil {
 		return nil, control.Errorf(control.CodeMount, "%v", err)
 	}
-	if err := os.MkdirAll(mount, 0o755); err != nil {
-		return nil, control.Errorf(control.CodeMount, "create mountpoint: %v", err)
+	fd, cerr := d.mountpoint(r.peer, mount)
+	if cerr != nil {
+		return nil, cerr
 	}
+	defer unix.Close(fd)
+	id := r.id
 	v, err := fsys.Mount(fsys.Options{
-		Mountpoint: mount, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
-		Rules: d.conditions, Context: set,
+		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
+		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
 		Logger: d.log,
-		OnDeny: func(ctx cctx.Set, sp acl.Space, p, op string) {
-			d.audit.Info("deny", "kind", "path", "session", id, "atoms", ctx.Atoms(), "space", sp.String(), "path", p, "op", op, "decision", "deny")
+		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
+			d.auditPath(id, atoms, sp, p, op)
 		},
 	})
 	if err != nil {
 		return nil, control.Errorf(control.CodeMount, "mount %s: %v", mount, err)
 	}
-	d.sessions[id] = &session{id: id, view: v}
-	d.log.Info("session opened", "session", id, "mount", mount, "atoms", set.Atoms())
 	return v, nil
+}
+
+// mountpoint opens the directory a view is to be mounted on, without
+// following a symlink in any component. Root and the daemon's uid mount
+// where they name (missing directories are created). Any other peer mounts
+// on an empty directory it owns, or under MountRoot, where the daemon makes
+// the directory itself; the daemon creates nothing elsewhere for it.
+func (d *Daemon) mountpoint(peer uint32, mount string) (int, *control.Error) {
+	under := filepath.Dir(mount) == filepath.Clean(d.cfg.MountRoot)
+	switch {
+	case privileged(peer):
+		if err := mkdirNoSymlinks(mount, 0o755); err != nil {
+			return -1, control.Errorf(control.CodeMount, "create mountpoint: %v", err)
+		}
+	case under:
+		if err := mkdirNoSymlinks(d.cfg.MountRoot, 0o755); err != nil {
+			return -1, control.Errorf(control.CodeMount, "create --mount-root: %v", err)
+		}
+		if err := unix.Mkdir(mount, 0o700); err != nil && err != unix.EEXIST {
+			return -1, control.Errorf(control.CodeMount, "create mountpoint %s: %v", mount, err)
+		}
+	}
+	fd, err := openNoSymlinks(mount)
+	if err != nil {
+		return -1, control.Errorf(control.CodeMount, "mountpoint: %v", err)
+	}
+	if privileged(peer) {
+		return fd, nil
+	}
+	fail := func(format string, args ...any) (int, *control.Error) {
+		unix.Close(fd)
+		return -1, control.Errorf(control.CodeForbidden, format, args...)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail("mountpoint %s: %v", mount, err)
+	}
+	if st.Uid != peer && !(under && st.Uid == uint32(os.Geteuid())) {
+		return fail("mountpoint %s is owned by uid %d: uid %d may mount only on an empty directory it owns, or under %s", mount, st.Uid, peer, d.cfg.MountRoot)
+	}
+	if empty, err := emptyDir(fd); err != nil || !empty {
+		return fail("mountpoint %s must be an empty directory", mount)
+	}
+	if under && st.Uid != peer {
+		// The daemon made it: give it to the peer, through the fd.
+		if err := unix.Fchownat(fd, "", int(peer), -1, unix.AT_EMPTY_PATH); err != nil {
+			return fail("mountpoint %s: %v", mount, err)
+		}
+	}
+	return fd, nil
+}
+
+// openNoSymlinks opens a directory as O_PATH without following a symlink
+// in any component.
+func openNoSymlinks(p string) (int, error) {
+	for {
+		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return -1, fmt.Errorf("%s: %w (no symlink may be on the way)", p, err)
+		}
+		return fd, nil
+	}
+}
+
+// mkdirNoSymlinks creates p and its missing parents, refusing a symlink in
+// any component.
+func mkdirNoSymlinks(p string, mode uint32) error {
+	p = filepath.Clean(p)
+	if fd, err := openNoSymlinks(p); err == nil {
+		unix.Close(fd)
+		return nil
+	}
+	parent := filepath.Dir(p)
+	if parent != p {
+		if err := mkdirNoSymlinks(parent, mode); err != nil {
+			return err
+		}
+	}
+	pfd, err := openNoSymlinks(parent)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Mkdirat(pfd, filepath.Base(p), mode); err != nil && err != unix.EEXIST {
+		return fmt.Errorf("mkdir %s: %w", p, err)
+	}
+	return nil
+}
+
+// emptyDir reports whether the directory an O_PATH fd stands for is empty.
+func emptyDir(pathFD int) (bool, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pathFD), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return false, err
+		}
+		if n <= 0 {
+			return true, nil
+		}
+		for off := 0; off < n; {
+			reclen := int(buf[off+16]) | int(buf[off+17])<<8
+			name := buf[off+19 : off+reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if s := string(name); s != "." && s != ".." {
+				return false, nil
+			}
+			off += reclen
+		}
+	}
 }
 
 func (d *Daemon) closeSession(id string) error {
 	d.mu.Lock()
 	s, ok := d.sessions[id]
-	delete(d.sessions, id)
+	if ok && s.view != nil {
+		delete(d.sessions, id)
+	}
 	d.mu.Unlock()
-	if !ok {
+	if !ok || s.view == nil {
 		return nil
 	}
 	err := s.view.Unmount()
@@ -206,12 +381,18 @@ func (d *Daemon) closeSession(id string) error {
 	return err
 }
 
-func (d *Daemon) session(id string) (*session, *control.Error) {
+// session finds a session for a peer: a session belongs to the uid that
+// opened it (or the owner named then), and other uids but root and the
+// daemon's own get -32011 for it.
+func (d *Daemon) session(ctx context.Context, id string) (*session, *control.Error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s, ok := d.sessions[id]
-	if !ok {
+	if !ok || s.view == nil {
 		return nil, control.Errorf(control.CodeUnknownSession, "unknown session %q: open it with session.open, or list them with session.list", id)
+	}
+	if peer, known := control.PeerUID(ctx); known && !privileged(peer) && peer != s.owner {
+		return nil, control.Errorf(control.CodeNotOwner, "session %q belongs to another user", id)
 	}
 	return s, nil
 }
@@ -233,7 +414,9 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		d.mu.Lock()
 		views := make([]*fsys.View, 0, len(d.sessions))
 		for _, s := range d.sessions {
-			views = append(views, s.view)
+			if s.view != nil {
+				views = append(views, s.view)
+			}
 		}
 		d.mu.Unlock()
 		for _, v := range views {
@@ -252,16 +435,21 @@ func (d *Daemon) configStatus() map[string]FileStatus {
 type sessionInfo struct {
 	ID          string   `json:"id"`
 	Mount       string   `json:"mount"`
+	Owner       uint32   `json:"owner"`
 	Atoms       []string `json:"atoms"`
 	DaemonReads int64    `json:"daemon_reads"`
 }
 
-func (d *Daemon) sessionList() []sessionInfo {
+func (d *Daemon) sessionList(ctx context.Context) []sessionInfo {
+	peer, known := control.PeerUID(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := []sessionInfo{}
 	for _, s := range d.sessions {
-		out = append(out, sessionInfo{ID: s.id, Mount: s.view.Mountpoint(), Atoms: s.view.Context().Atoms(), DaemonReads: s.view.DaemonReads()})
+		if s.view == nil || (known && !privileged(peer) && peer != s.owner) {
+			continue
+		}
+		out = append(out, sessionInfo{ID: s.id, Mount: s.mount, Owner: s.owner, Atoms: s.view.Context().Atoms(), DaemonReads: s.view.DaemonReads()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -281,9 +469,11 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 	switch method {
 	case "session.open":
 		var p struct {
-			ID      string          `json:"id"`
-			Mount   string          `json:"mount"`
-			Context json.RawMessage `json:"context"`
+			ID        string          `json:"id"`
+			Mount     string          `json:"mount"`
+			Context   json.RawMessage `json:"context"`
+			Owner     *uint32         `json:"owner"`
+			AllowUIDs []uint32        `json:"allow_uids"`
 		}
 		if err := decodeParams(params, &p); err != nil {
 			return nil, err
@@ -292,7 +482,20 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
 		}
-		v, cerr := d.OpenSession(p.ID, p.Mount, set)
+		peer, known := control.PeerUID(ctx)
+		if !known {
+			peer = uint32(os.Geteuid())
+		}
+		r := openRequest{peer: peer, id: p.ID, mount: p.Mount, atoms: set, owner: peer, allowUIDs: p.AllowUIDs}
+		if p.Owner != nil || len(p.AllowUIDs) > 0 {
+			if !privileged(peer) {
+				return nil, control.Errorf(control.CodeForbidden, "only root or the daemon's uid may name an owner or let other uids in")
+			}
+			if p.Owner != nil {
+				r.owner = *p.Owner
+			}
+		}
+		v, cerr := d.OpenSession(r)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -304,7 +507,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := decodeParams(params, &p); err != nil {
 			return nil, err
 		}
-		if _, err := d.session(p.ID); err != nil {
+		if _, err := d.session(ctx, p.ID); err != nil {
 			return nil, err
 		}
 		if err := d.closeSession(p.ID); err != nil {
@@ -312,7 +515,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		}
 		return struct{}{}, nil
 	case "session.list":
-		return map[string]any{"sessions": d.sessionList()}, nil
+		return map[string]any{"sessions": d.sessionList(ctx)}, nil
 	case "context.set":
 		var p struct {
 			Session string          `json:"session"`
@@ -321,7 +524,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := decodeParams(params, &p); err != nil {
 			return nil, err
 		}
-		s, cerr := d.session(p.Session)
+		s, cerr := d.session(ctx, p.Session)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -341,7 +544,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := decodeParams(params, &p); err != nil {
 			return nil, err
 		}
-		s, cerr := d.session(p.Session)
+		s, cerr := d.session(ctx, p.Session)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -354,7 +557,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := decodeParams(params, &p); err != nil {
 			return nil, err
 		}
-		set, cerr := d.contextOf(p.Session, p.Context)
+		set, cerr := d.contextOf(ctx, p.Session, p.Context)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -370,7 +573,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := decodeParams(params, &p); err != nil {
 			return nil, err
 		}
-		set, cerr := d.contextOf(p.Session, p.Context)
+		set, cerr := d.contextOf(ctx, p.Session, p.Context)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -381,32 +584,31 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if p.Path == nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "path is required")
 		}
-		canon, err := acl.Canon(*p.Path)
+		ex, err := d.conditions.Load().ExplainView(sp, *p.Path, set)
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "path: %v", err)
 		}
-		ex := d.conditions.Load().Explain(sp, canon, set)
 		if ex.Decision == "deny" {
-			d.audit.Info("deny", "kind", "path", "session", p.Session, "atoms", set.Atoms(), "space", sp.String(), "path", canon, "op", "check", "decision", "deny", "why", ex.Why)
+			d.auditPath(p.Session, set, sp, ex.Path, "check")
 		}
 		return ex, nil
 	case "tool.decide":
-		return d.decide(params)
+		return d.decide(ctx, params)
 	case "config.reload":
 		return d.Reload(true), nil
 	case "status":
-		return map[string]any{"version": Version, "sessions": d.sessionList(), "config": d.configStatus()}, nil
+		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus()}, nil
 	}
 	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, config.reload, status)", method)
 }
 
 // contextOf gives the context of a session, or an explicit one.
-func (d *Daemon) contextOf(sessionID string, raw json.RawMessage) (cctx.Set, *control.Error) {
+func (d *Daemon) contextOf(ctx context.Context, sessionID string, raw json.RawMessage) (cctx.Set, *control.Error) {
 	switch {
 	case sessionID != "" && len(raw) > 0:
 		return cctx.Set{}, control.Errorf(control.CodeInvalidParams, "give session or context, not both")
 	case sessionID != "":
-		s, err := d.session(sessionID)
+		s, err := d.session(ctx, sessionID)
 		if err != nil {
 			return cctx.Set{}, err
 		}
@@ -419,7 +621,7 @@ func (d *Daemon) contextOf(sessionID string, raw json.RawMessage) (cctx.Set, *co
 	return set, nil
 }
 
-func (d *Daemon) decide(params json.RawMessage) (any, *control.Error) {
+func (d *Daemon) decide(ctx context.Context, params json.RawMessage) (any, *control.Error) {
 	req, rest := constraints.DecodeRequest(params)
 	sessionID := ""
 	for k, v := range rest {
@@ -438,7 +640,7 @@ func (d *Daemon) decide(params json.RawMessage) (any, *control.Error) {
 		if req.Atoms != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "give session or context, not both")
 		}
-		s, err := d.session(sessionID)
+		s, err := d.session(ctx, sessionID)
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,8 @@ package fsys
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -14,7 +16,8 @@ import (
 // makes the resolution fail instead of leading out.
 type backing struct {
 	dir  string
-	fd   int // O_PATH directory fd of the root
+	real string // the root's absolute path as the kernel names it
+	fd   int    // O_PATH directory fd of the root
 	dev  uint64
 	root unix.Stat_t
 }
@@ -30,7 +33,50 @@ func openBacking(dir string) (*backing, error) {
 		return nil, fmt.Errorf("stat backing directory %s: %w", dir, err)
 	}
 	b.dev = b.root.Dev
+	real, err := os.Readlink(procPath(fd))
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("resolve backing directory %s: %w", dir, err)
+	}
+	b.real = real
 	return b, nil
+}
+
+// ancestorsSearchable checks, as the current thread's credentials, that
+// the directories above the root may be searched: the view starts below
+// them, but a native walk would cross them.
+func (b *backing) ancestorsSearchable() error {
+	parent := filepath.Dir(b.real)
+	return unix.Faccessat2(unix.AT_FDCWD, parent, unix.X_OK, unix.AT_EACCESS)
+}
+
+// spacePath names what fd is open on now, as a canonical path in this
+// space, whatever renames happened since it was opened (through any view or
+// in the backing tree). unlinked reports a file with no name left (p is then
+// empty); ok is false when the file has left the space or cannot be named.
+func (b *backing) spacePath(fd int) (p string, unlinked, ok bool) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", false, false
+	}
+	if st.Nlink == 0 {
+		return "", true, true
+	}
+	var buf [unix.PathMax]byte
+	n, err := unix.Readlink(procPath(fd), buf[:])
+	if err != nil || n >= len(buf) {
+		return "", false, false
+	}
+	abs := string(buf[:n])
+	switch {
+	case abs == b.real:
+		return "/", false, true
+	case b.real == "/":
+		return abs, false, strings.HasPrefix(abs, "/")
+	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
+		return abs[len(b.real):], false, true
+	}
+	return "", false, false
 }
 
 func (b *backing) close() { unix.Close(b.fd) }
@@ -68,6 +114,21 @@ func (b *backing) open(rel string, flags int, mode uint32) (int, error) {
 // duplicated so that callers can always close what they get).
 func (b *backing) openDir(rel string) (int, error) {
 	return b.open(rel, unix.O_PATH|unix.O_DIRECTORY, 0)
+}
+
+func procPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// reopen opens the inode an O_PATH fd stands for, with real access flags,
+// through /proc/self/fd: the same inode, never whatever now has its name.
+// The kernel checks the current thread's credentials against it.
+func reopen(pathFD int, flags int) (int, error) {
+	for {
+		fd, err := unix.Open(procPath(pathFD), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return fd, err
+	}
 }
 
 // split returns the parent path and the last name of a canonical path.

@@ -2,6 +2,7 @@ package fsys
 
 import (
 	"context"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -9,144 +10,204 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fileHandle is implemented by both kinds of open file.
-type fileHandle interface {
-	getattr(out *fuse.AttrOut) syscall.Errno
-}
+// fileHandle is an open regular file. Every read, write and attribute call
+// that reaches the daemon decides again, for the path the file has now in
+// the backing tree (found from its fd, so renames through any view count),
+// in the session's current context.
+//
+// Files under a rule at open use direct I/O: every read comes here. Files
+// under no rule use the page cache; when a context switch, a reload or a
+// rename through any view makes such a file denied, its cached pages (mmap'd
+// ones included) are dropped (revoke), so the next read comes here and
+// fails. There is no kernel passthrough: a passthrough handle can never be
+// cut off.
+type fileHandle struct {
+	node  *node
+	fd    int
+	lf    *fs.LoopbackFile // read, write, locks, seek, allocate on fd
+	ruled bool
 
-// passFile is an open file under no rule. Its decision cannot change while
-// the config stays the same, so it offers its fd for kernel passthrough:
-// reads and writes then never reach the daemon.
-type passFile struct {
-	*fs.LoopbackFile
-	view *View
-}
-
-func (f *passFile) getattr(out *fuse.AttrOut) syscall.Errno {
-	return f.LoopbackFile.Getattr(context.Background(), out)
-}
-
-// Read is only reached when passthrough is unavailable (not root).
-func (f *passFile) Read(ctx context.Context, buf []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	f.view.reads.Add(1)
-	return f.LoopbackFile.Read(ctx, buf, off)
-}
-
-// gatedFile is an open file under a rule. It deliberately has no
-// PassthroughFd method, so go-fuse never hands it to the kernel: every
-// read and write comes here and is checked against the current context
-// (direct I/O keeps the page cache from answering instead).
-type gatedFile struct {
-	lf   *fs.LoopbackFile
-	node *node
-	// path at open, used when the node has since been unlinked: a file's
-	// authority does not end because its name went away.
-	openPath string
+	mu   sync.Mutex
+	last string // the last path seen, for a file that has lost its name
 }
 
 var (
-	_ fs.FileReader    = (*gatedFile)(nil)
-	_ fs.FileWriter    = (*gatedFile)(nil)
-	_ fs.FileFlusher   = (*gatedFile)(nil)
-	_ fs.FileFsyncer   = (*gatedFile)(nil)
-	_ fs.FileReleaser  = (*gatedFile)(nil)
-	_ fs.FileGetattrer = (*gatedFile)(nil)
-	_ fs.FileSetattrer = (*gatedFile)(nil)
-	_ fs.FileLseeker   = (*gatedFile)(nil)
-	_ fs.FileAllocater = (*gatedFile)(nil)
+	_ fs.FileReader    = (*fileHandle)(nil)
+	_ fs.FileWriter    = (*fileHandle)(nil)
+	_ fs.FileFlusher   = (*fileHandle)(nil)
+	_ fs.FileFsyncer   = (*fileHandle)(nil)
+	_ fs.FileReleaser  = (*fileHandle)(nil)
+	_ fs.FileGetattrer = (*fileHandle)(nil)
+	_ fs.FileSetattrer = (*fileHandle)(nil)
+	_ fs.FileLseeker   = (*fileHandle)(nil)
+	_ fs.FileAllocater = (*fileHandle)(nil)
+	_ fs.FileGetlker   = (*fileHandle)(nil)
+	_ fs.FileSetlker   = (*fileHandle)(nil)
+	_ fs.FileSetlkwer  = (*fileHandle)(nil)
 )
 
-// allowed re-decides the file's path in the current context.
-func (f *gatedFile) allowed() bool {
-	p, ok := f.node.path()
-	if !ok {
-		p = f.openPath
+// newHandle wraps an fd opened on n at path and registers it for
+// revocation.
+func (n *node) newHandle(fd int, path string, ruled bool) (*fileHandle, uint32) {
+	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: ruled, last: path}
+	n.view.track(h)
+	if ruled {
+		return h, fuse.FOPEN_DIRECT_IO
 	}
-	snap := f.node.view.snapshot()
-	vis, _ := snap.cfg.Visible(f.node.space, p, snap.ctx)
-	if !vis {
-		f.node.view.auditDeny(snap.ctx, f.node.space, p, "io")
+	// Keep the page cache across opens: every open is decided by the
+	// daemon, and revoke drops the pages of open files that become denied.
+	return h, fuse.FOPEN_KEEP_CACHE
+}
+
+// decide re-decides the handle in the current context. A file that lost its
+// name keeps the authority of its last one; a file moved out of its space
+// has none.
+func (h *fileHandle) decide(audit bool) bool {
+	b := h.node.backing()
+	p, unlinked, ok := b.spacePath(h.fd)
+	h.mu.Lock()
+	switch {
+	case ok && !unlinked:
+		h.last = p
+	case ok && unlinked:
+		p = h.last
+	}
+	h.mu.Unlock()
+	if !ok {
+		return false
+	}
+	snap := h.node.view.snapshot()
+	vis, _ := snap.cfg.Visible(h.node.space, p, snap.atoms)
+	if !vis && audit {
+		h.node.view.auditDeny(snap.atoms, h.node.space, p, opIO.String())
 	}
 	return vis
 }
 
-func (f *gatedFile) Read(ctx context.Context, buf []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	f.node.view.reads.Add(1)
-	if !f.allowed() {
+func (h *fileHandle) Read(ctx context.Context, buf []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.node.view.reads.Add(1)
+	if !h.decide(true) {
 		return nil, syscall.EACCES
 	}
-	return f.lf.Read(ctx, buf, off)
+	return h.lf.Read(ctx, buf, off)
 }
 
-func (f *gatedFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	if !f.allowed() {
+func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if !h.decide(true) {
 		return 0, syscall.EACCES
 	}
-	return f.lf.Write(ctx, data, off)
+	return h.lf.Write(ctx, data, off)
 }
 
-func (f *gatedFile) Flush(ctx context.Context) syscall.Errno   { return f.lf.Flush(ctx) }
-func (f *gatedFile) Release(ctx context.Context) syscall.Errno { return f.lf.Release(ctx) }
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return h.lf.Flush(ctx) }
 
-func (f *gatedFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	return f.lf.Fsync(ctx, flags)
+func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	h.node.view.untrack(h)
+	return h.lf.Release(ctx)
 }
 
-func (f *gatedFile) getattr(out *fuse.AttrOut) syscall.Errno {
-	if !f.allowed() {
+func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return h.lf.Fsync(ctx, flags)
+}
+
+func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	if !h.decide(false) {
 		return syscall.EACCES
 	}
-	return f.lf.Getattr(context.Background(), out)
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return errnoOf(err)
+	}
+	out.FromStat(toSyscall(&st))
+	return 0
 }
 
-func (f *gatedFile) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
-	return f.getattr(out)
-}
-
-func (f *gatedFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if !f.allowed() {
+// Setattr through a handle (ftruncate, fchmod, futimens) runs as the
+// caller: the kernel checks ownership against the caller, not the daemon.
+func (h *fileHandle) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	a, errno := h.node.view.become(ctx)
+	if errno != 0 {
+		return errno
+	}
+	defer a.restore()
+	if !h.decide(true) {
 		return syscall.EACCES
 	}
-	return f.lf.Setattr(ctx, in, out)
+	if errno := setattrFD(h.fd, in, false); errno != 0 {
+		return errno
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return errnoOf(err)
+	}
+	out.FromStat(toSyscall(&st))
+	return 0
 }
 
-func (f *gatedFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
-	if !f.allowed() {
+func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if !h.decide(true) {
 		return 0, syscall.EACCES
 	}
-	return f.lf.Lseek(ctx, off, whence)
+	return h.lf.Lseek(ctx, off, whence)
 }
 
-func (f *gatedFile) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
-	if !f.allowed() {
+func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	if !h.decide(true) {
 		return syscall.EACCES
 	}
-	return f.lf.Allocate(ctx, off, size, mode)
+	return h.lf.Allocate(ctx, off, size, mode)
 }
 
-// newHandle wraps an open fd: gated under a rule, passthrough otherwise.
-func (n *node) newHandle(fd int, path string, ruled bool) (fs.FileHandle, uint32) {
-	lf := fs.NewLoopbackFile(fd).(*fs.LoopbackFile)
-	if ruled {
-		return &gatedFile{lf: lf, node: n, openPath: path}, fuse.FOPEN_DIRECT_IO
-	}
-	return &passFile{LoopbackFile: lf, view: n.view}, 0
+func (h *fileHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	return h.lf.Getlk(ctx, owner, lk, flags, out)
+}
+
+func (h *fileHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.lf.Setlk(ctx, owner, lk, flags)
+}
+
+func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.lf.Setlkw(ctx, owner, lk, flags)
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))
 
-// Open opens the file beneath its space root; the rules decide first.
+// openFlags are the access flags a view passes on to the backing open:
+// never create, never a controlling terminal; O_NOFOLLOW is the opener's
+// business (a reopen through /proc/self/fd must follow that magic link).
+func openFlags(flags uint32) int {
+	return int(flags &^ (syscall.O_CREAT | syscall.O_EXCL | syscall.O_NOCTTY | syscall.O_NOFOLLOW | fuse.FMODE_EXEC))
+}
+
+// Open opens the file the node stands for. Only regular files are opened:
+// a FIFO would block the daemon, a device would run its driver for the
+// caller.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	t, errno := n.selfCheck(flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
-		if errno == syscall.ENOENT {
-			errno = syscall.EACCES // the kernel had the inode: the path is denied now
-		}
 		return nil, 0, errno
 	}
-	flags &^= syscall.O_APPEND | fuse.FMODE_EXEC | syscall.O_CREAT | syscall.O_EXCL | syscall.O_NOCTTY
-	fd, err := t.b.open(t.path, int(flags), 0)
+	defer a.restore()
+	op := opLookup
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+		op = opMutate
+	}
+	t, errno := n.prepare(a, op, "")
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	defer t.close()
+	return n.openEntry(&t, flags)
+}
+
+// openEntry opens a resolved regular file with real access flags, through
+// its O_PATH fd (the same inode), and wraps it.
+func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.Errno) {
+	if t.st.Mode&unix.S_IFMT != unix.S_IFREG {
+		n.view.auditDeny(t.snap.atoms, n.space, t.path, "open of a special file")
+		return nil, 0, syscall.EACCES
+	}
+	fd, err := reopen(t.fd, openFlags(flags))
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
@@ -155,29 +216,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		unix.Close(fd)
 		return nil, 0, errnoOf(err)
 	}
-	// A hard link made after the lookup must not open a protected file.
-	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 && !n.view.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space) {
+	// A hard link made since prepare must not open a protected file.
+	if n.view.hides(t.snap.cfg, n.space, t.path, &st, nil) {
 		unix.Close(fd)
 		return nil, 0, syscall.EACCES
 	}
 	fh, fflags := n.newHandle(fd, t.path, t.ruled)
 	return fh, fflags, 0
-}
-
-var (
-	_ fs.FileGetlker  = (*gatedFile)(nil)
-	_ fs.FileSetlker  = (*gatedFile)(nil)
-	_ fs.FileSetlkwer = (*gatedFile)(nil)
-)
-
-func (f *gatedFile) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	return f.lf.Getlk(ctx, owner, lk, flags, out)
-}
-
-func (f *gatedFile) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return f.lf.Setlk(ctx, owner, lk, flags)
-}
-
-func (f *gatedFile) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return f.lf.Setlkw(ctx, owner, lk, flags)
 }

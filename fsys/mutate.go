@@ -2,8 +2,7 @@ package fsys
 
 import (
 	"context"
-	"fmt"
-	"os"
+	"strings"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -27,41 +26,55 @@ var (
 	_ fs.NodeRemovexattrer = (*node)(nil)
 )
 
-// chown gives a new entry to the calling user, as a root daemon serving
-// other users must (the kernel created nothing; we did, as root).
-func chown(ctx context.Context, dirfd int, name string) {
-	if os.Geteuid() != 0 {
-		return
-	}
-	if caller, ok := fuse.FromContext(ctx); ok {
-		unix.Fchownat(dirfd, name, int(caller.Uid), int(caller.Gid), unix.AT_SYMLINK_NOFOLLOW)
-	}
-}
+// Every mutation runs as the caller (become), so new entries belong to the
+// caller because the caller made them, and the kernel refuses what the
+// caller could not do natively.
 
-// made finishes a create-like operation: owner, stat, new inode. On a
-// failure after the entry exists, remove is called to undo it.
-func (n *node) made(ctx context.Context, t *target, out *fuse.EntryOut, remove func()) (*fs.Inode, syscall.Errno) {
-	chown(ctx, t.dirfd, t.name)
+// made finishes a create-like operation: the new entry's attributes and
+// its inode.
+func (n *node) made(ctx context.Context, t *target, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	var st unix.Stat_t
-	if err := t.fstat(&st); err != nil {
-		remove()
+	if err := unix.Fstatat(t.dirfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}
 	return n.newChild(ctx, &st, out), 0
 }
 
+// Create makes a new file with O_EXCL: it never opens an existing file it
+// did not create. A name that appeared since the kernel's lookup is opened
+// as an open(2) without O_CREAT would open it (through the rules and the
+// hiding rules), unless the caller asked for O_EXCL.
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	t, errno := n.resolve(name, true)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	flags &^= syscall.O_APPEND | fuse.FMODE_EXEC
-	fd, err := unix.Openat(t.dirfd, name, int(flags)|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	defer a.restore()
+	t, errno := n.prepare(a, opCreate, name)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	defer t.close()
+	fd, err := unix.Openat(t.dirfd, name, openFlags(flags)|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err == unix.EEXIST && flags&syscall.O_EXCL == 0 {
+		e, errno := n.prepare(a, opLookup, name)
+		if errno != 0 {
+			// There is something, and the view hides it: creating over
+			// a hidden name is a denial, whatever is there.
+			return nil, nil, 0, syscall.EACCES
+		}
+		defer e.close()
+		ch := n.newChild(ctx, &e.st, out)
+		fh, fflags, errno := ch.Operations().(*node).openEntry(&e, flags&^syscall.O_CREAT)
+		if errno != 0 {
+			return nil, nil, 0, errno
+		}
+		return ch, fh, fflags, 0
+	}
 	if err != nil {
 		return nil, nil, 0, errnoOf(err)
 	}
-	ch, errno := n.made(ctx, &t, out, func() { unix.Unlinkat(t.dirfd, name, 0) })
+	ch, errno := n.made(ctx, &t, out)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, nil, 0, errno
@@ -71,310 +84,429 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	t, errno := n.resolve(name, true)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno
 	}
+	defer a.restore()
+	t, errno := n.prepare(a, opCreate, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer t.close()
 	if err := unix.Mkdirat(t.dirfd, name, mode); err != nil {
 		return nil, errnoOf(err)
 	}
-	return n.made(ctx, &t, out, func() { unix.Unlinkat(t.dirfd, name, unix.AT_REMOVEDIR) })
+	return n.made(ctx, &t, out)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	t, errno := n.resolve(name, true)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno
 	}
+	defer a.restore()
+	t, errno := n.prepare(a, opCreate, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer t.close()
 	if err := unix.Mknodat(t.dirfd, name, mode, int(rdev)); err != nil {
 		return nil, errnoOf(err)
 	}
-	return n.made(ctx, &t, out, func() { unix.Unlinkat(t.dirfd, name, 0) })
+	return n.made(ctx, &t, out)
 }
 
 func (n *node) Symlink(ctx context.Context, link, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	t, errno := n.resolve(name, true)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno
 	}
+	defer a.restore()
+	t, errno := n.prepare(a, opCreate, name)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer t.close()
 	if escapes(t.path, link) {
 		// It would be hidden at once: refuse rather than make an entry
 		// that cannot be seen.
-		n.view.auditDeny(t.snap.ctx, n.space, t.path, "symlink out of the space")
+		n.view.auditDeny(t.snap.atoms, n.space, t.path, "symlink out of the space")
 		return nil, syscall.EACCES
 	}
 	if err := unix.Symlinkat(link, t.dirfd, name); err != nil {
 		return nil, errnoOf(err)
 	}
-	return n.made(ctx, &t, out, func() { unix.Unlinkat(t.dirfd, name, 0) })
-}
-
-// existing resolves a child that must exist and be visible.
-func (n *node) existing(name string) (target, syscall.Errno) {
-	t, errno := n.resolve(name, true)
-	if errno != 0 {
-		return t, errno
-	}
-	var st unix.Stat_t
-	if err := t.fstat(&st); err != nil {
-		t.close()
-		return t, errnoOf(err)
-	}
-	if n.hidden(&t, &st) {
-		t.close()
-		return t, syscall.ENOENT
-	}
-	return t, 0
+	return n.made(ctx, &t, out)
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	t, errno := n.existing(name)
-	if errno != 0 {
-		return errno
-	}
-	defer t.close()
-	return errnoOf(unix.Unlinkat(t.dirfd, name, 0))
+	return n.remove(ctx, name, 0)
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	t, errno := n.existing(name)
+	return n.remove(ctx, name, unix.AT_REMOVEDIR)
+}
+
+func (n *node) remove(ctx context.Context, name string, flags int) syscall.Errno {
+	a, errno := n.view.become(ctx)
+	if errno != 0 {
+		return errno
+	}
+	defer a.restore()
+	t, errno := n.prepare(a, opMutate, name)
 	if errno != 0 {
 		return errno
 	}
 	defer t.close()
-	return errnoOf(unix.Unlinkat(t.dirfd, name, unix.AT_REMOVEDIR))
+	return errnoOf(unix.Unlinkat(t.dirfd, name, flags))
 }
 
+// Rename moves a name. Both names are decided (either side of an exchange
+// as a create: EACCES when denied), and a directory that holds a ruled path
+// never moves, since its protected paths would walk out from under their
+// rules; with RENAME_EXCHANGE that holds for both sides. Open handles on
+// moved files are decided again at once, in every view (revokeAll).
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	np, ok := newParent.(*node)
-	if !ok || np.space != n.space {
+	if !ok || np.space != n.space || np.view != n.view {
 		return syscall.EXDEV
 	}
-	src, errno := n.existing(name)
+	a, errno := n.view.become(ctx)
+	if errno != 0 {
+		return errno
+	}
+	defer a.restore()
+	exchange := flags&unix.RENAME_EXCHANGE != 0
+	srcOp, dstOp := opMutate, opCreate
+	if exchange {
+		srcOp, dstOp = opExchange, opExchange
+	}
+	src, errno := n.prepare(a, srcOp, name)
 	if errno != 0 {
 		return errno
 	}
 	defer src.close()
-	dst, errno := np.resolve(newName, true)
+	dst, errno := np.prepare(a, dstOp, newName)
 	if errno != 0 {
 		return errno
 	}
 	defer dst.close()
-	if flags&unix.RENAME_EXCHANGE != 0 {
-		var st unix.Stat_t
-		if err := dst.fstat(&st); err != nil {
-			return errnoOf(err)
-		}
-		if np.hidden(&dst, &st) {
-			return syscall.ENOENT
-		}
+	cfg := src.snap.cfg
+	ruledUnder := cfg.HasRulesUnder(n.space, src.path) || cfg.HasRulesUnder(n.space, dst.path)
+	if ruledUnder && (src.isDir() || (exchange && dst.isDir())) {
+		n.view.auditDeny(src.snap.atoms, n.space, src.path, "rename of a directory holding ruled paths")
+		return syscall.EACCES
 	}
-	// Moving a directory moves every path below it: refuse when a rule
-	// governs something under either name, or protected files would walk
-	// out from under their rules.
-	var st unix.Stat_t
-	if err := src.fstat(&st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		if src.snap.cfg.HasRulesUnder(n.space, src.path) || dst.snap.cfg.HasRulesUnder(n.space, dst.path) {
-			n.view.auditDeny(src.snap.ctx, n.space, src.path, "rename of a directory holding ruled paths")
-			return syscall.EACCES
-		}
+	if err := unix.Renameat2(src.dirfd, name, dst.dirfd, newName, uint(flags)); err != nil {
+		return errnoOf(err)
 	}
-	return errnoOf(unix.Renameat2(src.dirfd, name, dst.dirfd, newName, uint(flags)))
+	revokeAll()
+	return 0
 }
 
+// Link makes a hard link. In a space with rules it is refused: the new name
+// would show a file whose other name may be protected. The source is the
+// inode the node stands for, linked through /proc/self/fd (linkat with
+// AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH, which the caller lacks).
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	tn, ok := target.(*node)
-	if !ok || tn.space != n.space {
+	if !ok || tn.space != n.space || tn.view != n.view {
 		return nil, syscall.EXDEV
 	}
 	snap := n.view.snapshot()
 	if !n.view.opts.AllowHardlinks && snap.cfg.HasRules(n.space) {
-		n.view.auditDeny(snap.ctx, n.space, name, "link")
+		n.view.auditDeny(snap.atoms, n.space, name, "link")
 		return nil, syscall.EPERM
 	}
-	src, errno := tn.self(true)
+	a, errno := n.view.become(ctx)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer a.restore()
+	src, errno := tn.prepare(a, opLookup, "")
+	if errno != 0 {
+		return nil, errno
+	}
 	defer src.close()
+	t, errno := n.prepare(a, opCreate, name)
 	if errno != 0 {
 		return nil, errno
 	}
-	t, errno := n.resolve(name, true)
 	defer t.close()
-	if errno != 0 {
-		return nil, errno
-	}
-	if err := unix.Linkat(src.dirfd, src.name, t.dirfd, name, 0); err != nil {
+	if err := unix.Linkat(unix.AT_FDCWD, procPath(src.fd), t.dirfd, name, unix.AT_SYMLINK_FOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}
-	return n.made(ctx, &t, out, func() { unix.Unlinkat(t.dirfd, name, 0) })
+	return n.made(ctx, &t, out)
 }
 
-// pathFD opens the target itself as an O_PATH fd (a symlink as the link),
-// for operations that then go through /proc/self/fd.
-func (t *target) pathFD() (int, error) {
-	if t.name == "" {
-		return unix.Dup(t.b.fd)
-	}
-	return unix.Openat(t.dirfd, t.name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-}
-
-func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
-
+// Setattr changes the inode the node stands for: mode and owner through its
+// O_PATH fd, size through a write open of the same inode, times by
+// /proc/self/fd (a symlink's through its parent, after checking it is still
+// the same inode).
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if fsa, ok := f.(fs.FileSetattrer); ok {
-		// A gated handle re-decides itself; a passthrough handle has no
-		// check of its own, so decide here.
-		if _, gated := f.(*gatedFile); !gated {
-			t, errno := n.selfCheck(true)
-			t.close()
-			if errno != 0 {
-				return errno
-			}
-		}
-		return fsa.Setattr(ctx, in, out)
+	if fh, ok := f.(*fileHandle); ok {
+		return fh.Setattr(ctx, in, out)
 	}
-	t, errno := n.self(true)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return errno
 	}
-	pfd, err := t.pathFD()
-	if err != nil {
-		return errnoOf(err)
+	defer a.restore()
+	t, errno := n.prepare(a, opMutate, "")
+	if errno != 0 {
+		return errno
 	}
-	defer unix.Close(pfd)
-	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil {
-		return errnoOf(err)
-	}
-	isLink := st.Mode&unix.S_IFMT == unix.S_IFLNK
-	if m, ok := in.GetMode(); ok {
-		if isLink {
-			return syscall.EOPNOTSUPP
-		}
-		if err := unix.Chmod(procPath(pfd), m); err != nil {
-			return errnoOf(err)
-		}
-	}
-	uid, uok := in.GetUID()
-	gid, gok := in.GetGID()
-	if uok || gok {
-		su, sg := -1, -1
-		if uok {
-			su = int(uid)
-		}
-		if gok {
-			sg = int(gid)
-		}
-		if err := unix.Fchownat(pfd, "", su, sg, unix.AT_EMPTY_PATH); err != nil {
-			return errnoOf(err)
-		}
-	}
-	if sz, ok := in.GetSize(); ok {
-		if isLink {
+	defer t.close()
+	isLink := t.st.Mode&unix.S_IFMT == unix.S_IFLNK
+	if _, ok := in.GetSize(); ok {
+		if t.st.Mode&unix.S_IFMT != unix.S_IFREG {
+			if t.isDir() {
+				return syscall.EISDIR
+			}
 			return syscall.EINVAL
 		}
-		wfd, err := t.b.open(t.path, unix.O_WRONLY|unix.O_NONBLOCK, 0)
+		wfd, err := reopen(t.fd, unix.O_WRONLY)
 		if err != nil {
 			return errnoOf(err)
 		}
-		err = unix.Ftruncate(wfd, int64(sz))
+		errno := setattrFD(wfd, in, false)
 		unix.Close(wfd)
-		if err != nil {
-			return errnoOf(err)
+		if errno != 0 {
+			return errno
 		}
+	} else if isLink {
+		if _, ok := in.GetMode(); ok {
+			return syscall.EOPNOTSUPP
+		}
+		if errno := n.setattrLink(&t, in); errno != 0 {
+			return errno
+		}
+	} else if errno := setattrFD(t.fd, in, true); errno != 0 {
+		return errno
 	}
-	mtime, mok := in.GetMTime()
-	atime, aok := in.GetATime()
-	if mok || aok {
-		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
-		if aok {
-			ts[0] = unix.NsecToTimespec(atime.UnixNano())
-		}
-		if mok {
-			ts[1] = unix.NsecToTimespec(mtime.UnixNano())
-		}
-		if isLink {
-			err = unix.UtimesNanoAt(t.dirfd, t.name, ts, unix.AT_SYMLINK_NOFOLLOW)
-		} else {
-			err = unix.UtimesNanoAt(unix.AT_FDCWD, procPath(pfd), ts, 0)
-		}
-		if err != nil {
-			return errnoOf(err)
-		}
-	}
-	if err := unix.Fstat(pfd, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(t.fd, &st); err != nil {
 		return errnoOf(err)
 	}
 	out.FromStat(toSyscall(&st))
 	return 0
 }
 
-// xattrTarget opens the target for an xattr call. Symlinks carry no user
-// xattrs on Linux; they answer as the kernel would.
-func (n *node) xattrTarget(mutate bool) (int, syscall.Errno) {
-	t, errno := n.self(mutate)
-	defer t.close()
-	if errno != 0 {
-		return -1, errno
-	}
-	pfd, err := t.pathFD()
+// setattrLink sets a symlink's owner and times by its parent and name.
+func (n *node) setattrLink(t *target, in *fuse.SetAttrIn) syscall.Errno {
+	dir, name := split(t.path)
+	dirfd, err := t.b.openDir(dir)
 	if err != nil {
-		return -1, errnoOf(err)
+		return errnoOf(err)
 	}
+	defer unix.Close(dirfd)
 	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil || st.Mode&unix.S_IFMT == unix.S_IFLNK {
-		unix.Close(pfd)
-		if err != nil {
-			return -1, errnoOf(err)
-		}
-		return -1, syscall.EPERM
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return errnoOf(err)
 	}
-	return pfd, 0
+	if st.Dev != n.dev || st.Ino != n.ino {
+		return syscall.ESTALE
+	}
+	if uid, gid, ok := owner(in); ok {
+		if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return errnoOf(err)
+		}
+	}
+	if ts, ok := times(in); ok {
+		if err := unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return errnoOf(err)
+		}
+	}
+	return 0
+}
+
+// setattrFD applies in to an fd: an open file, or (pathFD) an O_PATH fd,
+// reached through /proc/self/fd where the call needs a real file.
+func setattrFD(fd int, in *fuse.SetAttrIn, pathFD bool) syscall.Errno {
+	if m, ok := in.GetMode(); ok {
+		var err error
+		if pathFD {
+			err = unix.Fchmodat(unix.AT_FDCWD, procPath(fd), m&07777, 0)
+		} else {
+			err = unix.Fchmod(fd, m&07777)
+		}
+		if err != nil {
+			return errnoOf(err)
+		}
+	}
+	if uid, gid, ok := owner(in); ok {
+		if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return errnoOf(err)
+		}
+	}
+	if sz, ok := in.GetSize(); ok {
+		if pathFD {
+			return syscall.EINVAL
+		}
+		if err := unix.Ftruncate(fd, int64(sz)); err != nil {
+			return errnoOf(err)
+		}
+	}
+	if ts, ok := times(in); ok {
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), ts, 0); err != nil {
+			return errnoOf(err)
+		}
+	}
+	return 0
+}
+
+func owner(in *fuse.SetAttrIn) (uid, gid int, ok bool) {
+	uid, gid = -1, -1
+	if u, uok := in.GetUID(); uok {
+		uid, ok = int(u), true
+	}
+	if g, gok := in.GetGID(); gok {
+		gid, ok = int(g), true
+	}
+	return uid, gid, ok
+}
+
+// times reads the new times; "now" stays UTIME_NOW, which needs only write
+// permission, where an explicit time needs ownership.
+func times(in *fuse.SetAttrIn) ([]unix.Timespec, bool) {
+	if in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) == 0 {
+		return nil, false
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+	for i, bits := range [2][2]uint32{{fuse.FATTR_ATIME, fuse.FATTR_ATIME_NOW}, {fuse.FATTR_MTIME, fuse.FATTR_MTIME_NOW}} {
+		switch {
+		case in.Valid&bits[0] == 0:
+		case in.Valid&bits[1] != 0:
+			ts[i] = unix.Timespec{Nsec: unix.UTIME_NOW}
+		case i == 0:
+			ts[i] = unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
+		default:
+			ts[i] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
+		}
+	}
+	return ts, true
+}
+
+// xattrs. A root daemon acting as a caller keeps CAP_SYS_ADMIN and
+// CAP_SETFCAP, so a caller other than root may only touch the user.*
+// namespace and POSIX ACLs; trusted.* (which needs CAP_SYS_ADMIN) is never
+// listed or read for it, and security.* (file capabilities) never written.
+func xattrAllowed(ctx context.Context, attr string, write bool) bool {
+	if c, ok := fuse.FromContext(ctx); !ok || c.Uid == 0 {
+		return true
+	}
+	switch {
+	case strings.HasPrefix(attr, "user."),
+		attr == "system.posix_acl_access", attr == "system.posix_acl_default":
+		return true
+	case strings.HasPrefix(attr, "security."):
+		return !write
+	}
+	return false
+}
+
+// xattrTarget resolves the node for an xattr call. Symlinks carry no user
+// xattrs on Linux; they answer as the kernel would.
+func (n *node) xattrTarget(a asCaller, op opKind) (target, syscall.Errno) {
+	t, errno := n.prepare(a, op, "")
+	if errno != 0 {
+		return t, errno
+	}
+	if t.st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		t.close()
+		return t, syscall.EPERM
+	}
+	return t, 0
 }
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	pfd, errno := n.xattrTarget(false)
+	if !xattrAllowed(ctx, attr, false) {
+		return 0, syscall.ENODATA
+	}
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
-		if errno == syscall.EPERM {
-			return 0, syscall.ENODATA
-		}
 		return 0, errno
 	}
-	defer unix.Close(pfd)
-	sz, err := unix.Getxattr(procPath(pfd), attr, dest)
+	defer a.restore()
+	t, errno := n.xattrTarget(a, opLookup)
+	if errno == syscall.EPERM {
+		return 0, syscall.ENODATA
+	} else if errno != 0 {
+		return 0, errno
+	}
+	defer t.close()
+	sz, err := unix.Getxattr(procPath(t.fd), attr, dest)
 	return uint32(sz), errnoOf(err)
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	pfd, errno := n.xattrTarget(false)
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
-		if errno == syscall.EPERM {
-			return 0, 0
-		}
 		return 0, errno
 	}
-	defer unix.Close(pfd)
-	sz, err := unix.Listxattr(procPath(pfd), dest)
-	return uint32(sz), errnoOf(err)
+	defer a.restore()
+	t, errno := n.xattrTarget(a, opLookup)
+	if errno == syscall.EPERM {
+		return 0, 0
+	} else if errno != 0 {
+		return 0, errno
+	}
+	defer t.close()
+	sz, err := unix.Listxattr(procPath(t.fd), nil)
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	buf := make([]byte, sz)
+	sz, err = unix.Listxattr(procPath(t.fd), buf)
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	var list []byte
+	for _, name := range strings.Split(string(buf[:sz]), "\x00") {
+		if name != "" && xattrAllowed(ctx, name, false) {
+			list = append(append(list, name...), 0)
+		}
+	}
+	if len(dest) == 0 {
+		return uint32(len(list)), 0
+	}
+	if len(list) > len(dest) {
+		return uint32(len(list)), syscall.ERANGE
+	}
+	return uint32(copy(dest, list)), 0
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	pfd, errno := n.xattrTarget(true)
+	if !xattrAllowed(ctx, attr, true) {
+		return syscall.EPERM
+	}
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return errno
 	}
-	defer unix.Close(pfd)
-	return errnoOf(unix.Setxattr(procPath(pfd), attr, data, int(flags)))
+	defer a.restore()
+	t, errno := n.xattrTarget(a, opMutate)
+	if errno != 0 {
+		return errno
+	}
+	defer t.close()
+	return errnoOf(unix.Setxattr(procPath(t.fd), attr, data, int(flags)))
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	pfd, errno := n.xattrTarget(true)
+	if !xattrAllowed(ctx, attr, true) {
+		return syscall.EPERM
+	}
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return errno
 	}
-	defer unix.Close(pfd)
-	return errnoOf(unix.Removexattr(procPath(pfd), attr))
+	defer a.restore()
+	t, errno := n.xattrTarget(a, opMutate)
+	if errno != 0 {
+		return errno
+	}
+	defer t.close()
+	return errnoOf(unix.Removexattr(procPath(t.fd), attr))
 }

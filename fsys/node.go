@@ -13,29 +13,33 @@ import (
 	cctx "github.com/condfs/condfs/context"
 )
 
-// node is a file, directory or symlink inside one space.
+// node is a file, directory or symlink inside one space. It stands for one
+// backing inode (dev, ino): operations on the node reach that inode or fail,
+// never whatever has its name now.
 type node struct {
 	fs.Inode
 	view      *View
 	space     acl.Space
 	spaceRoot bool
+	dev, ino  uint64
 }
 
 // snapshot is the state one operation decides with: read once, so that an
 // operation never mixes two configs or two contexts.
 type snapshot struct {
-	cfg *acl.Config
-	ctx cctx.Set
+	cfg   *acl.Config
+	atoms cctx.Set
 }
 
 func (v *View) snapshot() snapshot {
-	return snapshot{cfg: v.rules.Load(), ctx: *v.ctx.Load()}
+	return snapshot{cfg: v.rules.Load(), atoms: *v.atoms.Load()}
 }
 
 func (n *node) backing() *backing { return n.view.spaces[n.space] }
 
-// path returns n's canonical path in its space. ok is false for a node that
-// is no longer reachable (unlinked or forgotten): callers fail closed.
+// path returns n's canonical path in its space, as this view's tree knows
+// it. ok is false for a node that is no longer reachable (unlinked or
+// forgotten): callers fail closed.
 func (n *node) path() (p string, ok bool) {
 	var buf [16]string
 	segs := buf[:0]
@@ -62,126 +66,148 @@ func (n *node) path() (p string, ok bool) {
 	return b.String(), true
 }
 
+// opKind is what an operation does with what it names. The choke point
+// decides by it, and it names the audit record.
+type opKind uint8
+
+const (
+	// opLookup sees an existing entry: lookup, getattr, readlink, open,
+	// opendir, xattr reads. Hidden: ENOENT.
+	opLookup opKind = iota
+	// opMutate changes or removes an existing entry: unlink, rmdir,
+	// setattr, xattr writes, a rename's source. Hidden: ENOENT.
+	opMutate
+	// opCreate makes a name: create, mkdir, mknod, symlink, link, a
+	// rename's target. Denied: EACCES (ENOENT under a hidden directory).
+	opCreate
+	// opExchange is either side of RENAME_EXCHANGE: it must exist, and
+	// denied or hidden answers EACCES.
+	opExchange
+	// opIO reads, writes or lists through an open handle. Denied: EACCES.
+	opIO
+)
+
+func (o opKind) String() string {
+	return [...]string{"lookup", "mutate", "create", "exchange", "io"}[o]
+}
+
 // target is what one operation names, resolved through the choke point.
 type target struct {
 	b     *backing
-	dirfd int    // O_PATH fd of the parent directory in the backing tree
-	name  string // the last name ("" for the space root)
 	path  string // canonical path in the space
-	ruled bool   // some rule governs the path or a directory above it
 	snap  snapshot
+	ruled bool // some rule governs the path or a directory above it
+	dirfd int  // O_PATH fd of the parent directory, or -1
+	name  string
+	fd    int         // O_PATH|O_NOFOLLOW fd of the entry itself, or -1
+	st    unix.Stat_t // the entry's attributes, when fd >= 0
 }
 
 func (t *target) close() {
 	if t.dirfd >= 0 {
 		unix.Close(t.dirfd)
+		t.dirfd = -1
+	}
+	if t.fd >= 0 {
+		unix.Close(t.fd)
+		t.fd = -1
 	}
 }
 
-// resolve is the single choke point of every operation that names a child
-// of directory n: it decides with the rules, then opens the backing parent
-// directory beneath its root. A hidden parent answers ENOENT; a denied
-// child answers ENOENT for lookups and EACCES for mutations.
-func (n *node) resolve(name string, mutate bool) (t target, errno syscall.Errno) {
-	t, errno = n.check(name, mutate)
-	if errno != 0 {
-		return t, errno
-	}
-	dir, _ := split(t.path)
-	fd, err := t.b.openDir(dir)
-	if err != nil {
-		return t, errnoOf(err)
-	}
-	t.dirfd = fd
-	return t, 0
-}
+func (t *target) isDir() bool { return t.st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
-// check is resolve's decision half: the rules alone, no backing access.
-func (n *node) check(name string, mutate bool) (t target, errno syscall.Errno) {
-	t.dirfd = -1
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
-		return t, syscall.EINVAL
-	}
+// prepare is the single choke point of every operation on a node: n itself
+// (name == "") or its child name. It decides with the rules for the path
+// and every directory above it, then reaches the backing tree beneath its
+// root, as the current thread's credentials (the caller's, see become):
+//   - the parent directory, for operations that make or remove names;
+//   - the entry itself (O_PATH, a symlink as the link), for all but
+//     creates. An operation on n itself checks that the entry is still the
+//     inode n stands for (ESTALE otherwise), and every entry passes the
+//     view's hiding rules (hides).
+//
+// On success the caller owns t and must close it.
+func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno syscall.Errno) {
+	t.dirfd, t.fd = -1, -1
 	dir, ok := n.path()
 	if !ok {
 		return t, syscall.ENOENT
 	}
+	t.b = n.backing()
 	t.snap = n.view.snapshot()
-	t.b, t.name, t.path = n.backing(), name, join(dir, name)
-	vis, ruled := t.snap.cfg.Visible(n.space, t.path, t.snap.ctx)
-	if !vis {
-		if parentVis, _ := t.snap.cfg.Visible(n.space, dir, t.snap.ctx); !parentVis || !mutate {
-			// Named explicitly (listings never show it): worth an audit line.
-			n.view.auditDeny(t.snap.ctx, n.space, t.path, "lookup")
-			return t, syscall.ENOENT
+	t.path, t.name = dir, name
+	if name != "" {
+		if name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+			return t, syscall.EINVAL
 		}
-		n.view.auditDeny(t.snap.ctx, n.space, t.path, "mutate")
-		return t, syscall.EACCES
+		t.path = join(dir, name)
+	}
+	vis, ruled := t.snap.cfg.Visible(n.space, t.path, t.snap.atoms)
+	if !vis {
+		n.view.auditDeny(t.snap.atoms, n.space, t.path, op.String())
+		switch op {
+		case opIO:
+			return t, syscall.EACCES
+		case opCreate, opExchange:
+			if parentVis, _ := t.snap.cfg.Visible(n.space, dir, t.snap.atoms); parentVis && name != "" {
+				return t, syscall.EACCES
+			}
+		}
+		return t, syscall.ENOENT
 	}
 	t.ruled = ruled
+	if a.switched {
+		if err := t.b.ancestorsSearchable(); err != nil {
+			return t, errnoOf(err)
+		}
+	}
+	if name != "" && op != opLookup {
+		fd, err := t.b.openDir(dir)
+		if err != nil {
+			return t, errnoOf(err)
+		}
+		t.dirfd = fd
+	}
+	if op == opCreate {
+		return t, 0
+	}
+	fd, err := t.b.open(t.path, unix.O_PATH, 0)
+	if err != nil {
+		t.close()
+		return t, errnoOf(err)
+	}
+	t.fd = fd
+	if err := unix.Fstat(fd, &t.st); err != nil {
+		t.close()
+		return t, errnoOf(err)
+	}
+	if name == "" && (t.st.Dev != n.dev || t.st.Ino != n.ino) {
+		// The name now belongs to another inode (a rename through another
+		// view, or in the backing tree): never act on it for this node.
+		t.close()
+		return t, syscall.ESTALE
+	}
+	if n.view.hides(t.snap.cfg, n.space, t.path, &t.st, func() (string, error) { return readlinkat(fd, "") }) {
+		t.close()
+		if op == opExchange {
+			return t, syscall.EACCES
+		}
+		return t, syscall.ENOENT
+	}
 	return t, 0
 }
 
-// self resolves n itself, for operations on a node (getattr, open,
-// setattr, ...). The space root has no parent in the backing tree; its
-// target uses the root fd and an empty name.
-func (n *node) self(mutate bool) (target, syscall.Errno) { return n.selfAt(mutate, true) }
-
-// selfCheck decides about n itself without opening its backing parent, for
-// operations that reach the backing file by its own path (open, readdir).
-func (n *node) selfCheck(mutate bool) (target, syscall.Errno) { return n.selfAt(mutate, false) }
-
-func (n *node) selfAt(mutate, openParent bool) (t target, errno syscall.Errno) {
-	t.dirfd = -1
-	if n.spaceRoot {
-		t.snap = n.view.snapshot()
-		t.b, t.path = n.backing(), "/"
-		vis, ruled := t.snap.cfg.Visible(n.space, "/", t.snap.ctx)
-		if !vis {
-			return t, syscall.ENOENT
-		}
-		t.ruled = ruled
-		return t, 0
-	}
-	name, parent := n.Parent()
-	if parent == nil {
-		return t, syscall.ENOENT
-	}
-	pn, ok := parent.Operations().(*node)
-	if !ok {
-		return t, syscall.ENOENT
-	}
-	if openParent {
-		t, errno = pn.resolve(name, mutate)
-	} else {
-		t, errno = pn.check(name, mutate)
-	}
-	if errno == syscall.ENOENT && mutate {
-		// The kernel holds this inode, so the name was visible once:
-		// a mutation through it is a denial, not a missing file.
-		return t, syscall.EACCES
-	}
-	return t, errno
-}
-
-// fstat stats the target without following a final symlink.
-func (t *target) fstat(st *unix.Stat_t) error {
-	if t.name == "" {
-		return unix.Fstat(t.b.fd, st)
-	}
-	return unix.Fstatat(t.dirfd, t.name, st, unix.AT_SYMLINK_NOFOLLOW)
-}
-
-// hidden applies the view's rules that depend on what the entry is:
-// symlinks that leave their space, and (in a space with rules) regular
-// files with several hard links, whose other names may be protected.
-func (n *node) hidden(t *target, st *unix.Stat_t) bool {
+// hides applies the view's rules that depend on what an entry is: symlinks
+// whose target is absolute or leaves the space, and, in a space with rules,
+// regular files with more than one hard link (their other name may be a
+// protected file). link reads a symlink's target when needed.
+func (v *View) hides(cfg *acl.Config, sp acl.Space, path string, st *unix.Stat_t, link func() (string, error)) bool {
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFLNK:
-		link, err := readlinkat(t.dirfd, t.name)
-		return err != nil || escapes(t.path, link)
+		target, err := link()
+		return err != nil || escapes(path, target)
 	case unix.S_IFREG:
-		return st.Nlink > 1 && !n.view.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space)
+		return st.Nlink > 1 && !v.opts.AllowHardlinks && cfg.HasRules(sp)
 	}
 	return false
 }
@@ -213,7 +239,7 @@ func (v *View) stableAttr(st *unix.Stat_t) fs.StableAttr {
 
 func (n *node) newChild(ctx context.Context, st *unix.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(toSyscall(st))
-	child := &node{view: n.view, space: n.space}
+	child := &node{view: n.view, space: n.space, dev: st.Dev, ino: st.Ino}
 	return n.NewInode(ctx, child, n.view.stableAttr(st))
 }
 
@@ -226,70 +252,66 @@ func toSyscall(st *unix.Stat_t) *syscall.Stat_t {
 }
 
 var (
-	_ fs.NodeLookuper   = (*node)(nil)
-	_ fs.NodeGetattrer  = (*node)(nil)
-	_ fs.NodeReaddirer  = (*node)(nil)
-	_ fs.NodeReadlinker = (*node)(nil)
-	_ fs.NodeStatfser   = (*node)(nil)
+	_ fs.NodeLookuper       = (*node)(nil)
+	_ fs.NodeGetattrer      = (*node)(nil)
+	_ fs.NodeOpendirHandler = (*node)(nil)
+	_ fs.NodeReadlinker     = (*node)(nil)
+	_ fs.NodeStatfser       = (*node)(nil)
+	_ fs.NodeIoctler        = (*node)(nil)
 )
 
-// Lookup opens the entry itself (O_PATH, a symlink as the link) in one
-// openat2 call, so that a missing name, the common case before a create,
-// costs one syscall.
+// Lookup finds a child: one openat2 and one fstat (a missing name, the
+// common case before a create, costs one syscall).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	t, errno := n.check(name, false)
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno
 	}
-	fd, err := t.b.open(t.path, unix.O_PATH, 0)
-	if err != nil {
-		return nil, errnoOf(err)
+	defer a.restore()
+	t, errno := n.prepare(a, opLookup, name)
+	if errno != 0 {
+		return nil, errno
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, errnoOf(err)
-	}
-	// hidden() reads a link through dirfd+name; "" with the link's own
-	// O_PATH fd reads the link itself.
-	t.dirfd, t.name = fd, ""
-	hide := n.hidden(&t, &st)
-	t.dirfd = -1
-	if hide {
-		return nil, syscall.ENOENT
-	}
-	return n.newChild(ctx, &st, out), 0
+	defer t.close()
+	return n.newChild(ctx, &t.st, out), 0
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if fh, ok := f.(fileHandle); ok {
-		return fh.getattr(out)
+	if fh, ok := f.(*fileHandle); ok {
+		return fh.Getattr(ctx, out)
 	}
-	t, errno := n.self(false)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return errno
 	}
-	var st unix.Stat_t
-	if err := t.fstat(&st); err != nil {
-		return errnoOf(err)
+	defer a.restore()
+	t, errno := n.prepare(a, opLookup, "")
+	if errno != 0 {
+		return errno
 	}
-	out.FromStat(toSyscall(&st))
+	defer t.close()
+	out.FromStat(toSyscall(&t.st))
 	return 0
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	t, errno := n.self(false)
-	defer t.close()
+	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno
 	}
-	link, err := readlinkat(t.dirfd, t.name)
+	defer a.restore()
+	t, errno := n.prepare(a, opLookup, "")
+	if errno != 0 {
+		return nil, errno
+	}
+	defer t.close()
+	if t.st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return nil, syscall.EINVAL
+	}
+	// prepare has checked that the link stays in its space.
+	link, err := readlinkat(t.fd, "")
 	if err != nil {
 		return nil, errnoOf(err)
-	}
-	if escapes(t.path, link) {
-		return nil, syscall.ENOENT
 	}
 	return []byte(link), 0
 }
@@ -303,86 +325,9 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return 0
 }
 
-// Readdir lists the directory, leaving out every entry the view hides.
-// It decides per call, so a handle opened before a context switch lists
-// what the new context may see.
-func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	t, errno := n.selfCheck(false)
-	defer t.close()
-	if errno != 0 {
-		return nil, errno
-	}
-	fd, err := t.b.open(t.path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, errnoOf(err)
-	}
-	defer unix.Close(fd)
-	var entries []fuse.DirEntry
-	buf := make([]byte, 32<<10)
-	checkLinks := !n.view.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space)
-	for {
-		nb, err := unix.Getdents(fd, buf)
-		if err != nil {
-			return nil, errnoOf(err)
-		}
-		if nb <= 0 {
-			break
-		}
-		for off := 0; off < nb; {
-			name, typ, ino, reclen := parseDirent(buf[off:nb])
-			off += reclen
-			if name == "" || name == "." || name == ".." {
-				continue
-			}
-			p := join(t.path, name)
-			if vis, _ := t.snap.cfg.Visible(n.space, p, t.snap.ctx); !vis {
-				continue
-			}
-			mode := uint32(typ) << 12
-			switch typ {
-			case unix.DT_LNK:
-				link, err := readlinkat(fd, name)
-				if err != nil || escapes(p, link) {
-					continue
-				}
-			case unix.DT_REG, unix.DT_UNKNOWN:
-				if checkLinks || typ == unix.DT_UNKNOWN {
-					var st unix.Stat_t
-					if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-						continue
-					}
-					mode = st.Mode
-					cand := target{b: t.b, dirfd: fd, name: name, path: p, snap: t.snap}
-					if n.hidden(&cand, &st) {
-						continue
-					}
-				}
-			}
-			st := unix.Stat_t{Ino: ino, Dev: t.b.dev, Mode: mode}
-			entries = append(entries, fuse.DirEntry{Name: name, Mode: mode, Ino: n.view.stableAttr(&st).Ino})
-		}
-	}
-	return fs.NewListDirStream(entries), 0
-}
-
-// parseDirent decodes one linux_dirent64.
-func parseDirent(b []byte) (name string, typ uint8, ino uint64, reclen int) {
-	if len(b) < 19 {
-		return "", 0, 0, len(b)
-	}
-	ino = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-	reclen = int(b[16]) | int(b[17])<<8
-	if reclen == 0 || reclen > len(b) {
-		return "", 0, 0, len(b)
-	}
-	typ = b[18]
-	nameb := b[19:reclen]
-	for i, c := range nameb {
-		if c == 0 {
-			nameb = nameb[:i]
-			break
-		}
-	}
-	return string(nameb), typ, ino, reclen
+// Ioctl is refused: a backing ioctl would run with the daemon's
+// capabilities (EXT4_IOC_SHUTDOWN, FS_IOC_SETFLAGS with the immutable bit,
+// ...), whatever the caller may do natively.
+func (n *node) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint64, input, output []byte) (int32, syscall.Errno) {
+	return 0, syscall.ENOTTY
 }

@@ -3,6 +3,7 @@ package fsys
 import (
 	"context"
 	"os"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -21,7 +22,10 @@ type rootNode struct {
 
 var (
 	_ fs.NodeLookuper   = (*rootNode)(nil)
-	_ fs.NodeReaddirer  = (*rootNode)(nil)
+	_ fs.NodeOpendirHandler = (*rootNode)(nil)
+	_ fs.FileReaddirenter   = (*rootDir)(nil)
+	_ fs.FileSeekdirer      = (*rootDir)(nil)
+	_ fs.NodeIoctler        = (*rootNode)(nil)
 	_ fs.NodeGetattrer  = (*rootNode)(nil)
 	_ fs.NodeCreater    = (*rootNode)(nil)
 	_ fs.NodeMkdirer    = (*rootNode)(nil)
@@ -42,12 +46,18 @@ func spaceByName(name string) (acl.Space, bool) {
 }
 
 func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	a, errno := r.view.become(ctx)
+	if errno != 0 {
+		return nil, errno
+	}
+	a.restore()
 	sp, ok := spaceByName(name)
 	if !ok {
 		return nil, syscall.ENOENT
 	}
 	snap := r.view.snapshot()
-	if vis, _ := snap.cfg.Visible(sp, "/", snap.ctx); !vis {
+	if vis, _ := snap.cfg.Visible(sp, "/", snap.atoms); !vis {
+		r.view.auditDeny(snap.atoms, sp, "/", opLookup.String())
 		return nil, syscall.ENOENT
 	}
 	b := r.view.spaces[sp]
@@ -56,21 +66,51 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, errnoOf(err)
 	}
 	out.Attr.FromStat(toSyscall(&st))
-	child := &node{view: r.view, space: sp, spaceRoot: true}
+	child := &node{view: r.view, space: sp, spaceRoot: true, dev: st.Dev, ino: st.Ino}
 	return r.NewInode(ctx, child, r.view.stableAttr(&st)), 0
 }
 
-func (r *rootNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	snap := r.view.snapshot()
-	var entries []fuse.DirEntry
-	for _, sp := range acl.Spaces {
-		if vis, _ := snap.cfg.Visible(sp, "/", snap.ctx); vis {
+// OpendirHandle lists the visible spaces, each decided when it is handed
+// out.
+func (r *rootNode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	a, errno := r.view.become(ctx)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	a.restore()
+	return &rootDir{view: r.view}, 0, 0
+}
+
+type rootDir struct {
+	view *View
+	mu   sync.Mutex
+	next int
+}
+
+func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	snap := d.view.snapshot()
+	for d.next < len(acl.Spaces) {
+		sp := acl.Spaces[d.next]
+		d.next++
+		if vis, _ := snap.cfg.Visible(sp, "/", snap.atoms); vis {
 			var st unix.Stat_t
-			unix.Fstat(r.view.spaces[sp].fd, &st)
-			entries = append(entries, fuse.DirEntry{Name: sp.String(), Mode: unix.S_IFDIR, Ino: r.view.stableAttr(&st).Ino})
+			unix.Fstat(d.view.spaces[sp].fd, &st)
+			return &fuse.DirEntry{Name: sp.String(), Mode: unix.S_IFDIR, Ino: d.view.stableAttr(&st).Ino, Off: uint64(d.next)}, 0
 		}
 	}
-	return fs.NewListDirStream(entries), 0
+	return nil, 0
+}
+
+func (d *rootDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if off > uint64(len(acl.Spaces)) {
+		return syscall.EINVAL
+	}
+	d.next = int(off)
+	return 0
 }
 
 func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -118,4 +158,8 @@ func (r *rootNode) Setattr(context.Context, fs.FileHandle, *fuse.SetAttrIn, *fus
 }
 func (r *rootNode) Setxattr(context.Context, string, []byte, uint32) syscall.Errno {
 	return syscall.EACCES
+}
+
+func (r *rootNode) Ioctl(ctx context.Context, f fs.FileHandle, cmd uint32, arg uint64, input, output []byte) (int32, syscall.Errno) {
+	return 0, syscall.ENOTTY
 }

@@ -3,20 +3,27 @@
 // lookup, readdir, open and mutation is decided by the path rules (acl)
 // against the session's current context.
 //
-// One choke point, (*node).resolve, computes the canonical path of what an
-// operation names and asks the rules about it and about every directory
-// above it; then the backing directory is reached beneath its root with
-// openat2. Denied paths do not exist (ENOENT); mutations naming a denied
-// path get EACCES.
+// One choke point, (*node).prepare, takes what an operation names and the
+// operation's kind (lookup, mutate, create, exchange, I/O), decides with the
+// rules for the path and every directory above it, then reaches the backing
+// tree beneath its root with openat2, checks that a node still stands for
+// the inode it was made for, and applies the hiding rules (symlinks out of
+// the space, multiply-linked files in ruled spaces). Denied paths do not
+// exist (ENOENT); creating a denied name gets EACCES.
+//
+// Authority is never more than the caller's: a root daemon runs every
+// backing call with the requesting process's fsuid, fsgid and groups
+// (creds.go), creates with O_EXCL, opens only regular files and
+// directories, refuses ioctl and filters privileged xattr namespaces. Only
+// the session's owner (and uids it lets in) may enter a view.
 //
 // No stale authority: SetContext and Invalidate return only after the
 // kernel's dentry caches have been invalidated, with FUSE_NOTIFY_INC_EPOCH
 // where the kernel has it (Linux ≥ 6.16) and per-entry notifications
-// otherwise. Negative entries are never cached. Files under a rule are
-// opened with direct I/O and every read and write re-checks the rules, so
-// an open handle is revoked at once; files under no rule use kernel
-// passthrough for native speed, since their decision cannot change while
-// the config stays the same.
+// otherwise, and after the cached pages of every open file the new state
+// denies have been dropped. Negative entries are never cached. Every read,
+// write and listing that reaches the daemon decides again; files under a
+// rule use direct I/O so that every read does.
 package fsys
 
 import (
@@ -49,6 +56,10 @@ type Rules interface {
 // Options configure a view.
 type Options struct {
 	Mountpoint string
+	// MountFD, if positive, is an O_PATH fd of the mountpoint directory
+	// that the caller opened and checked (without following symlinks):
+	// the view is mounted exactly there, whatever the path names by now.
+	MountFD int
 	Memories   string // backing directory of memories/
 	Workspace  string // backing directory of workspace/
 	Rules      Rules
@@ -56,16 +67,21 @@ type Options struct {
 	// AllowHardlinks turns off hiding of multiply-linked files and the
 	// refusal of link() in spaces that have rules.
 	AllowHardlinks bool
-	// AllowOther lets users other than the daemon's use the view; the
-	// kernel then checks the backing modes (default_permissions).
+	// AllowOther lets users other than the daemon's reach the mount; it
+	// needs a root daemon, which then acts as each caller. Even so, only
+	// Owner and AllowUIDs may enter the view.
 	AllowOther bool
+	// Owner is the uid the view serves; AllowUIDs are the other uids let
+	// in. A daemon that is not root serves its own uid only.
+	Owner     uint32
+	AllowUIDs []uint32
 	// AttrTimeout is the kernel's positive entry and attribute cache
 	// time; 0 means 1s.
 	AttrTimeout time.Duration
 	// OnDeny, if set, is told of every path the rules deny to a request
 	// that names it (lookup, mutation, or I/O on a revoked handle), for
 	// the audit log. Entries left out of a listing are not reported.
-	OnDeny func(ctx cctx.Set, space acl.Space, path, op string)
+	OnDeny func(atoms cctx.Set, space acl.Space, path, op string)
 	Logger *slog.Logger
 	// Debug logs every FUSE request.
 	Debug bool
@@ -73,31 +89,72 @@ type Options struct {
 
 // View is one mounted session view.
 type View struct {
-	opts     Options
-	rules    Rules
-	ctx      atomic.Pointer[cctx.Set]
-	spaces   [2]*backing
-	root     *rootNode
-	server   *fuse.Server
-	devFD    int  // our own dup of the /dev/fuse fd, for notifications
-	epoch    bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
-	log      *slog.Logger
-	closed   atomic.Bool
-	unmounts sync.Once
-	done     chan struct{}
+	opts        Options
+	rules       Rules
+	atoms       atomic.Pointer[cctx.Set]
+	spaces      [2]*backing
+	root        *rootNode
+	rawFS       fuse.RawFileSystem
+	fsOpts      *fs.Options
+	server      *fuse.Server
+	devFD       int         // our own dup of the /dev/fuse fd, for notifications
+	mntID       uint64      // the kernel's id of our mount, to unmount exactly it
+	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
+	switchCreds bool        // root: act as each caller
+	groups      groupCache
+	log         *slog.Logger
+	closed      atomic.Bool
+	unmounts    sync.Once
+	done        chan struct{}
 	// mountedAt is the mount root's timestamp.
 	mountedAt time.Time
 
-	// reads counts READ requests the daemon served, for tests that prove
-	// passthrough.
+	hmu     sync.Mutex
+	handles map[*fileHandle]struct{}
+
+	// reads counts READ requests the daemon served.
 	reads atomic.Int64
 }
 
-// Mount mounts a view. A mountpoint left stale by a crashed daemon
-// (ENOTCONN) is cleared first.
+// views are every live view of this process: a rename through one of them
+// re-decides the open handles of all (they may share backing trees).
+var views struct {
+	sync.Mutex
+	set map[*View]struct{}
+}
+
+// Mount builds a view and mounts it. A mountpoint left stale by a crashed
+// daemon (ENOTCONN) is cleared first.
 func Mount(opts Options) (*View, error) {
+	v, err := newView(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ClearStale(opts.Mountpoint); err != nil {
+		v.closeBacking()
+		return nil, err
+	}
+	if err := v.mount(); err != nil {
+		v.closeBacking()
+		return nil, err
+	}
+	views.Lock()
+	if views.set == nil {
+		views.set = map[*View]struct{}{}
+	}
+	views.set[v] = struct{}{}
+	views.Unlock()
+	return v, nil
+}
+
+// newView builds a view's node tree over its backing directories without
+// mounting it: the tree can then be driven in-process (the unit tests do).
+func newView(opts Options) (*View, error) {
 	if opts.Rules == nil {
 		return nil, errors.New("fsys: Options.Rules is required")
+	}
+	if opts.AllowOther && os.Geteuid() != 0 {
+		return nil, errors.New("fsys: allow_other needs a root daemon: one that cannot act as its callers serves its own uid only")
 	}
 	if opts.AttrTimeout == 0 {
 		opts.AttrTimeout = time.Second
@@ -105,9 +162,12 @@ func Mount(opts Options) (*View, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	v := &View{opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}), mountedAt: time.Now()}
+	v := &View{
+		opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}),
+		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
+	}
 	set := opts.Context
-	v.ctx.Store(&set)
+	v.atoms.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
 		b, err := openBacking(dir)
 		if err != nil {
@@ -116,13 +176,9 @@ func Mount(opts Options) (*View, error) {
 		}
 		v.spaces[i] = b
 	}
-	if err := ClearStale(opts.Mountpoint); err != nil {
-		v.closeBacking()
-		return nil, err
-	}
 	v.root = &rootNode{view: v}
 	zero := time.Duration(0)
-	fsOpts := &fs.Options{
+	v.fsOpts = &fs.Options{
 		EntryTimeout:    &opts.AttrTimeout,
 		AttrTimeout:     &opts.AttrTimeout,
 		NegativeTimeout: &zero,
@@ -142,21 +198,76 @@ func Mount(opts Options) (*View, error) {
 		},
 		RootStableAttr: &fs.StableAttr{Ino: 1},
 	}
-	if err := v.mount(fsOpts); err != nil {
-		v.closeBacking()
-		return nil, err
-	}
+	v.rawFS = fs.NewNodeFS(v.root, v.fsOpts)
 	return v, nil
+}
+
+// admits reports whether uid may enter the view.
+func (v *View) admits(uid uint32) bool {
+	if uid == v.opts.Owner {
+		return true
+	}
+	for _, u := range v.opts.AllowUIDs {
+		if u == uid {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *View) track(h *fileHandle) {
+	v.hmu.Lock()
+	v.handles[h] = struct{}{}
+	v.hmu.Unlock()
+}
+
+func (v *View) untrack(h *fileHandle) {
+	v.hmu.Lock()
+	delete(v.handles, h)
+	v.hmu.Unlock()
+}
+
+// revoke decides every open file of the view again and drops the kernel's
+// cached pages (mapped ones included) of each that is now denied, so that
+// its next read reaches the daemon and fails.
+func (v *View) revoke() {
+	v.hmu.Lock()
+	hs := make([]*fileHandle, 0, len(v.handles))
+	for h := range v.handles {
+		hs = append(hs, h)
+	}
+	v.hmu.Unlock()
+	for _, h := range hs {
+		if !h.decide(false) {
+			if errno := h.node.NotifyContent(0, 0); errno != 0 && errno != syscall.ENOENT {
+				v.log.Debug("NotifyContent", "errno", errno)
+			}
+		}
+	}
+}
+
+// revokeAll re-decides the open files of every view, after a rename
+// through any of them.
+func revokeAll() {
+	views.Lock()
+	vs := make([]*View, 0, len(views.set))
+	for v := range views.set {
+		vs = append(vs, v)
+	}
+	views.Unlock()
+	for _, v := range vs {
+		v.revoke()
+	}
 }
 
 // mount does the mount(2) itself so that it holds the /dev/fuse fd (to send
 // FUSE_NOTIFY_INC_EPOCH, which go-fuse has no call for), and hands go-fuse
 // the connection as "/dev/fd/N". Without the privilege to mount, it falls
 // back to fusermount and per-entry invalidation.
-func (v *View) mount(fsOpts *fs.Options) error {
+func (v *View) mount() error {
 	mp := v.opts.Mountpoint
-	rawFS := fs.NewNodeFS(v.root, fsOpts)
-	fd, err := mountDirect(mp, &fsOpts.MountOptions)
+	rawFS, fsOpts := v.rawFS, v.fsOpts
+	fd, err := v.mountDirect(&fsOpts.MountOptions)
 	var server *fuse.Server
 	if err == nil {
 		dup, derr := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
@@ -192,21 +303,38 @@ func (v *View) mount(fsOpts *fs.Options) error {
 		v.Unmount()
 		return fmt.Errorf("mount %s: %w", mp, err)
 	}
+	if v.devFD >= 0 {
+		id, err := mountID(mp)
+		if err != nil {
+			v.Unmount()
+			return fmt.Errorf("mount %s: find the new mount: %w", mp, err)
+		}
+		v.mntID = id
+	}
 	// Probe the epoch notification once; older kernels answer EINVAL.
 	if v.devFD >= 0 {
 		err := v.incEpoch()
-		v.epoch = err == nil
+		v.epoch.Store(err == nil)
 		if err != nil {
 			v.log.Info("kernel has no FUSE_NOTIFY_INC_EPOCH; using per-entry invalidation", "err", err)
 		}
 	}
-	v.log.Debug("view mounted", "mountpoint", mp, "inc_epoch", v.epoch)
+	v.log.Debug("view mounted", "mountpoint", mp, "inc_epoch", v.epoch.Load())
 	return nil
 }
 
-func mountDirect(mp string, mo *fuse.MountOptions) (int, error) {
+func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
+	mpfd := v.opts.MountFD
+	if mpfd <= 0 {
+		fd, err := openNoSymlinks(v.opts.Mountpoint)
+		if err != nil {
+			return -1, err
+		}
+		defer unix.Close(fd)
+		mpfd = fd
+	}
 	var st unix.Stat_t
-	if err := unix.Stat(mp, &st); err != nil {
+	if err := unix.Fstat(mpfd, &st); err != nil {
 		return -1, err
 	}
 	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -223,12 +351,45 @@ func mountDirect(mp string, mo *fuse.MountOptions) (int, error) {
 	if mo.AllowOther {
 		opts = append(opts, "allow_other")
 	}
-	err = unix.Mount("condfs", mp, "fuse.condfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ","))
+	// Mount on the checked directory itself, through its fd.
+	err = unix.Mount("condfs", procPath(mpfd), "fuse.condfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ","))
 	if err != nil {
 		unix.Close(fd)
 		return -1, err
 	}
 	return fd, nil
+}
+
+// openNoSymlinks opens a directory as O_PATH without following a symlink
+// in any component.
+func openNoSymlinks(p string) (int, error) {
+	for {
+		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return -1, fmt.Errorf("%s: %w (no symlink may be on the way)", p, err)
+		}
+		return fd, nil
+	}
+}
+
+// mountID is the kernel's id of the mount whose root is at p.
+func mountID(p string) (uint64, error) {
+	fd, err := openNoSymlinks(p)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		return 0, err
+	}
+	return stx.Mnt_id, nil
 }
 
 // incEpoch sends FUSE_NOTIFY_INC_EPOCH: the kernel then treats every dentry
@@ -248,14 +409,17 @@ func (v *View) incEpoch() error {
 }
 
 // auditDeny reports a denial with the context it was decided in.
-func (v *View) auditDeny(ctx cctx.Set, sp acl.Space, path, op string) {
+func (v *View) auditDeny(atoms cctx.Set, sp acl.Space, path, op string) {
 	if v.opts.OnDeny != nil {
-		v.opts.OnDeny(ctx, sp, path, op)
+		v.opts.OnDeny(atoms, sp, path, op)
 	}
 }
 
 // Context returns the view's current context.
-func (v *View) Context() cctx.Set { return *v.ctx.Load() }
+func (v *View) Context() cctx.Set { return *v.atoms.Load() }
+
+// Owner is the uid the view serves.
+func (v *View) Owner() uint32 { return v.opts.Owner }
 
 // Mountpoint is where the view is mounted.
 func (v *View) Mountpoint() string { return v.opts.Mountpoint }
@@ -264,7 +428,7 @@ func (v *View) Mountpoint() string { return v.opts.Mountpoint }
 // answers for a path whose decision changed, and open handles on newly
 // denied files fail their next read or write.
 func (v *View) SetContext(set cctx.Set) error {
-	v.ctx.Store(&set)
+	v.atoms.Store(&set)
 	return v.Invalidate()
 }
 
@@ -273,15 +437,19 @@ func (v *View) Invalidate() error {
 	if v.closed.Load() {
 		return errors.New("view is unmounted")
 	}
-	if v.epoch {
-		if err := v.incEpoch(); err == nil {
-			return nil
-		} else if !errors.Is(err, unix.ENOENT) {
+	done := false
+	if v.epoch.Load() {
+		if err := v.incEpoch(); err == nil || errors.Is(err, unix.ENOENT) {
+			done = true
+		} else {
 			v.log.Warn("FUSE_NOTIFY_INC_EPOCH failed; falling back to per-entry invalidation", "err", err)
-			v.epoch = false
+			v.epoch.Store(false)
 		}
 	}
-	v.invalidateEntries(v.root.EmbeddedInode())
+	if !done {
+		v.invalidateEntries(v.root.EmbeddedInode())
+	}
+	v.revoke()
 	return nil
 }
 
@@ -298,12 +466,8 @@ func (v *View) invalidateEntries(dir *fs.Inode) {
 	}
 }
 
-// EpochInvalidation reports whether the kernel supports the epoch
-// notification on this view.
-func (v *View) EpochInvalidation() bool { return v.epoch }
-
-// DaemonReads counts READ requests the daemon served (files under no rule
-// use passthrough and never reach it).
+// DaemonReads counts READ requests the daemon served (page-cache hits never
+// reach it).
 func (v *View) DaemonReads() int64 { return v.reads.Load() }
 
 // Unmount unmounts the view and waits for its server to stop.
@@ -311,15 +475,17 @@ func (v *View) Unmount() error {
 	var err error
 	v.unmounts.Do(func() {
 		v.closed.Store(true)
+		views.Lock()
+		delete(views.set, v)
+		views.Unlock()
 		mp := v.opts.Mountpoint
 		if v.devFD >= 0 {
-			// We mounted it, so we unmount it; MNT_DETACH lets a busy
-			// mount go once its last user leaves.
-			if e := unix.Unmount(mp, 0); e != nil {
-				if e2 := unix.Unmount(mp, unix.MNT_DETACH); e2 != nil && e2 != unix.EINVAL {
-					err = fmt.Errorf("unmount %s: %w", mp, e2)
-				}
-			}
+			// We mounted it, so we unmount it: exactly the mount we made,
+			// found without following symlinks and by its mount id, then
+			// unmounted through that fd (a path swapped meanwhile cannot
+			// redirect it). MNT_DETACH lets a busy mount go once its last
+			// user leaves.
+			err = v.unmountOwn()
 		} else if v.server != nil {
 			if e := v.server.Unmount(); e != nil {
 				err = fmt.Errorf("unmount %s: %w", mp, e)
@@ -348,6 +514,28 @@ func (v *View) closeBacking() {
 			v.spaces[i] = nil
 		}
 	}
+}
+
+func (v *View) unmountOwn() error {
+	mp := v.opts.Mountpoint
+	fd, err := openNoSymlinks(mp)
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", mp, err)
+	}
+	defer unix.Close(fd)
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		return fmt.Errorf("unmount %s: %w", mp, err)
+	}
+	if stx.Mnt_id != v.mntID {
+		return fmt.Errorf("unmount %s: the mount there is not this view's (mount id %d, ours %d); left alone", mp, stx.Mnt_id, v.mntID)
+	}
+	if e := unix.Unmount(procPath(fd), 0); e != nil {
+		if e2 := unix.Unmount(procPath(fd), unix.MNT_DETACH); e2 != nil && e2 != unix.EINVAL {
+			return fmt.Errorf("unmount %s: %w", mp, e2)
+		}
+	}
+	return nil
 }
 
 // ClearStale unmounts a mountpoint left behind by a crashed daemon: a

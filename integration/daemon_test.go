@@ -109,10 +109,17 @@ func TestDaemonEndToEnd(t *testing.T) {
 	if dec.Decision != "allow" {
 		t.Fatalf("explicit-context refund: %+v", dec)
 	}
-	// A request with a duplicate key is denied, never guessed at.
-	raw := rawCall(t, d.socket, `{"jsonrpc":"2.0","id":1,"method":"tool.decide","params":{"tool":"refund","args":{"amount":1,"amount":1000}}}`)
-	if !strings.Contains(raw, `"decision":"deny"`) || !strings.Contains(raw, "duplicate") {
-		t.Fatalf("duplicate key: %s", raw)
+	// A request with a duplicate key at any depth is an invalid request,
+	// never guessed at (control.md): in the arguments, and in the envelope,
+	// where encoding/json would run the last "method".
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tool.decide","params":{"tool":"refund","args":{"amount":1,"amount":1000}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"status","method":"session.close","params":{"id":"dm"}}`,
+	} {
+		raw := rawCall(t, d.socket, line)
+		if !strings.Contains(raw, `"code":-32600`) || !strings.Contains(raw, "duplicate") {
+			t.Fatalf("duplicate key: %s", raw)
+		}
 	}
 
 	// Switching the dm session to the guild shows the guild's files at once.

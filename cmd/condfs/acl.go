@@ -60,11 +60,11 @@ func runACL(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	canon, err := acl.Canon(*p)
+	ex, err := c.ExplainView(sp, *p, set)
 	if err != nil {
 		return usageErr(stderr, fs, "--path: %v", err)
 	}
-	return writeJSON(stdout, c.Explain(sp, canon, set))
+	return writeJSON(stdout, ex)
 }
 
 func runBlocks(args []string, stdout, stderr io.Writer) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -82,7 +83,11 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%v", err)
 		}
-		method, params = "session.open", map[string]any{"id": rest[1], "mount": rest[2], "context": c}
+		mnt, err := filepath.Abs(rest[2])
+		if err != nil {
+			return fmt.Errorf("mountpoint %s: %v", rest[2], err)
+		}
+		method, params = "session.open", map[string]any{"id": rest[1], "mount": mnt, "context": c}
 	case "close":
 		if err := need(2, "close ID"); err != nil {
 			return err

@@ -40,7 +40,9 @@ unmount every view and remove the socket.`, stderr)
 	atoms := fs.StringArray("context", nil, "the first session's context: an atom (repeat) or a JSON description")
 	audit := fs.String("audit", "", "audit log file, JSON lines (default: the log on stderr)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	allowOther := fs.Bool("allow-other", true, "let other users use the views (the kernel checks the backing modes)")
+	allowOther := fs.Bool("allow-other", os.Geteuid() == 0, "let users other than the daemon's reach the views (root only: the daemon then acts as each caller; each view still admits only its owner)")
+	mountRoot := fs.String("mount-root", "/run/condfs/views", "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
+	maxConns := fs.Int("max-conns", 1024, "most control connections served at once")
 	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -90,6 +92,13 @@ unmount every view and remove the socket.`, stderr)
 		defer f.Close()
 		auditLog = slog.New(slog.NewJSONHandler(f, nil))
 	}
+	if *allowOther && os.Geteuid() != 0 {
+		return usageErr(stderr, fs, "--allow-other needs a root daemon: one that cannot act as its callers serves its own uid only")
+	}
+	// Views create files as their callers ask, with the callers' modes:
+	// the daemon's own umask must not narrow them (the kernel has applied
+	// the caller's umask already).
+	syscall.Umask(0)
 	// Signals first: from here on SIGTERM means a clean shutdown.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -103,6 +112,7 @@ unmount every view and remove the socket.`, stderr)
 		Memories: *memories, Workspace: *workspace,
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
+		MountRoot: *mountRoot, MaxConns: *maxConns,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

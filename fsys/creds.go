@@ -1,0 +1,208 @@
+package fsys
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Acting as the caller. A root daemon serves views to other users, so every
+// backing call runs with the requesting process's fsuid, fsgid and
+// supplementary groups: the kernel then answers exactly as it would answer
+// that process natively (modes, POSIX ACLs, immutable flags, LSMs), and files
+// it creates are the caller's. The switch is per thread: the goroutine locks
+// its OS thread, sets the thread's credentials with raw syscalls (never the
+// syscall package's process-wide wrappers), and restores them before the
+// thread is released. Changing fsuid away from 0 also clears the filesystem
+// capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN, CAP_MKNOD, ...) from
+// the thread's effective set; the others (CAP_SYS_ADMIN, CAP_SETFCAP) stay,
+// which is why ioctl is refused and privileged xattr namespaces are filtered.
+
+// daemonCreds are the credentials every thread is restored to.
+type daemonCreds struct {
+	uid, gid int
+	groups   []uint32
+}
+
+var self = func() daemonCreds {
+	gs, _ := unix.Getgroups()
+	d := daemonCreds{uid: os.Geteuid(), gid: os.Getegid()}
+	for _, g := range gs {
+		d.groups = append(d.groups, uint32(g))
+	}
+	return d
+}()
+
+// asCaller is a credential switch in force on the current thread; restore
+// ends it. The zero value switched nothing.
+type asCaller struct{ switched bool }
+
+// become admits the request's caller and, in a daemon that can, switches the
+// current thread to its credentials. A request with no caller is the
+// daemon's own (tests, notifications) and runs as the daemon.
+func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return asCaller{}, 0
+	}
+	if !v.admits(c.Uid) {
+		return asCaller{}, syscall.EACCES
+	}
+	if !v.switchCreds || (c.Uid == uint32(self.uid) && self.uid == 0) {
+		// Root calling a root daemon has the daemon's authority natively.
+		return asCaller{}, 0
+	}
+	groups, err := v.groups.of(c.Pid, c.Uid, c.Gid)
+	if err != nil {
+		// Without the caller's groups we cannot act as it: fail closed.
+		v.log.Warn("caller's groups unknown; refusing", "pid", c.Pid, "uid", c.Uid, "err", err)
+		return asCaller{}, syscall.EACCES
+	}
+	runtime.LockOSThread()
+	if err := setThreadCreds(int(c.Uid), int(c.Gid), groups); err != nil {
+		restoreThread()
+		v.log.Error("switch to caller's credentials", "uid", c.Uid, "err", err)
+		return asCaller{}, syscall.EIO
+	}
+	return asCaller{switched: true}, 0
+}
+
+// restore returns the thread to the daemon's credentials and releases it.
+func (a asCaller) restore() {
+	if a.switched {
+		restoreThread()
+	}
+}
+
+func restoreThread() {
+	if err := setThreadCreds(self.uid, self.gid, self.groups); err != nil {
+		// A thread that cannot be restored must never run another
+		// goroutine: keep it locked. Its goroutine ends the request and,
+		// when go-fuse's reader exits, the runtime kills the thread.
+		// Nothing else may run with a caller's reduced (or, worse, mixed)
+		// credentials, so stop the process instead: views then answer
+		// ENOTCONN (fail closed) and a supervisor restarts the daemon.
+		panic(fmt.Sprintf("condfs: cannot restore the daemon's credentials on a thread: %v", err))
+	}
+	runtime.UnlockOSThread()
+}
+
+// setThreadCreds sets the calling thread's groups, fsgid and fsuid, in that
+// order (setgroups needs CAP_SETGID, which the fsuid change does not drop,
+// but doing it first keeps the order the same both ways).
+func setThreadCreds(uid, gid int, groups []uint32) error {
+	var p unsafe.Pointer
+	if len(groups) > 0 {
+		p = unsafe.Pointer(&groups[0])
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(p), 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	unix.SetfsgidRetGid(gid)
+	if got, _ := unix.SetfsgidRetGid(-1); got != gid {
+		return fmt.Errorf("setfsgid(%d): thread has %d", gid, got)
+	}
+	unix.SetfsuidRetUid(uid)
+	if got, _ := unix.SetfsuidRetUid(-1); got != uid {
+		return fmt.Errorf("setfsuid(%d): thread has %d", uid, got)
+	}
+	return nil
+}
+
+// groupCache remembers callers' supplementary groups, read from
+// /proc/PID/status (FUSE requests carry uid, gid and pid, not groups).
+// Reading the file costs more than the operation, so an entry is kept for a
+// short time, keyed by pid with the uid and gid it was read for: a reused
+// pid with other ids misses. A process that drops groups is served with its
+// old ones for at most groupTTL.
+type groupCache struct {
+	mu      sync.Mutex
+	entries map[uint32]groupEntry
+}
+
+type groupEntry struct {
+	uid, gid uint32
+	groups   []uint32
+	at       time.Time
+}
+
+const (
+	groupTTL        = time.Second
+	groupCacheLimit = 4096
+)
+
+func (g *groupCache) of(pid, uid, gid uint32) ([]uint32, error) {
+	now := time.Now()
+	g.mu.Lock()
+	if e, ok := g.entries[pid]; ok && e.uid == uid && e.gid == gid && now.Sub(e.at) < groupTTL {
+		g.mu.Unlock()
+		return e.groups, nil
+	}
+	g.mu.Unlock()
+	groups, err := readGroups(pid, uid)
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	if g.entries == nil || len(g.entries) >= groupCacheLimit {
+		g.entries = map[uint32]groupEntry{}
+	}
+	g.entries[pid] = groupEntry{uid: uid, gid: gid, groups: groups, at: now}
+	g.mu.Unlock()
+	return groups, nil
+}
+
+// readGroups reads the Groups: line of /proc/PID/status, checking that the
+// process still has the fsuid the request came with (a pid reused by another
+// user's process must not lend its groups).
+func readGroups(pid, uid uint32) ([]uint32, error) {
+	if pid == 0 {
+		return nil, fmt.Errorf("request without a pid")
+	}
+	data, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	var groups []uint32
+	sawUID, sawGroups := false, false
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		switch {
+		case bytes.HasPrefix(line, []byte("Uid:")):
+			// real, effective, saved, filesystem
+			f := bytes.Fields(line[4:])
+			if len(f) != 4 || string(f[3]) != strconv.FormatUint(uint64(uid), 10) {
+				return nil, fmt.Errorf("pid %d no longer has fsuid %d", pid, uid)
+			}
+			sawUID = true
+		case bytes.HasPrefix(line, []byte("Groups:")):
+			for _, f := range bytes.Fields(line[7:]) {
+				n, err := strconv.ParseUint(string(f), 10, 32)
+				if err != nil {
+					return nil, fmt.Errorf("pid %d: bad group %q", pid, f)
+				}
+				groups = append(groups, uint32(n))
+			}
+			sawGroups = true
+		}
+	}
+	if !sawUID || !sawGroups {
+		return nil, fmt.Errorf("pid %d: no Uid or Groups line", pid)
+	}
+	return groups, nil
+}

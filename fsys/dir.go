@@ -1,0 +1,170 @@
+package fsys
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// dirHandle is an open directory. It reads the backing directory as the
+// kernel asks, and decides each entry when it hands it out, in the
+// session's context at that moment and for the directory's current path
+// (found from its fd): a handle opened before a context switch never lists
+// a name the new context denies, and nothing is kept between READDIRs.
+type dirHandle struct {
+	node *node
+
+	mu      sync.Mutex
+	fd      int
+	buf     []byte
+	off, n  int
+	pos     uint64 // entries handed out since the last rewind
+	dirPath string
+	dirOK   bool
+}
+
+var (
+	_ fs.FileReaddirenter = (*dirHandle)(nil)
+	_ fs.FileSeekdirer    = (*dirHandle)(nil)
+	_ fs.FileReleasedirer = (*dirHandle)(nil)
+	_ fs.FileFsyncdirer   = (*dirHandle)(nil)
+)
+
+// OpendirHandle opens the directory the node stands for, as the caller
+// (reading a directory needs read permission on it).
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	a, errno := n.view.become(ctx)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	defer a.restore()
+	t, errno := n.prepare(a, opLookup, "")
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	defer t.close()
+	if !t.isDir() {
+		return nil, 0, syscall.ENOTDIR
+	}
+	fd, err := reopen(t.fd, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	return &dirHandle{node: n, fd: fd, buf: make([]byte, 8<<10)}, 0, 0
+}
+
+// Readdirent hands out the next entry the view shows.
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fd < 0 {
+		return nil, syscall.EBADF
+	}
+	v, sp, b := d.node.view, d.node.space, d.node.backing()
+	for {
+		if d.off >= d.n {
+			nb, err := unix.Getdents(d.fd, d.buf)
+			if err != nil {
+				return nil, errnoOf(err)
+			}
+			if nb <= 0 {
+				return nil, 0
+			}
+			d.off, d.n = 0, nb
+			// The directory may have moved since the last batch.
+			p, unlinked, ok := b.spacePath(d.fd)
+			d.dirPath, d.dirOK = p, ok && !unlinked
+		}
+		name, typ, ino, reclen := parseDirent(d.buf[d.off:d.n])
+		d.off += reclen
+		if !d.dirOK || name == "" || name == "." || name == ".." {
+			continue
+		}
+		p := join(d.dirPath, name)
+		snap := v.snapshot()
+		if vis, _ := snap.cfg.Visible(sp, p, snap.atoms); !vis {
+			continue
+		}
+		mode := uint32(typ) << 12
+		if typ == unix.DT_LNK || typ == unix.DT_UNKNOWN || (typ == unix.DT_REG && snap.cfg.HasRules(sp) && !v.opts.AllowHardlinks) {
+			var st unix.Stat_t
+			if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				continue
+			}
+			mode = st.Mode
+			if v.hides(snap.cfg, sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
+				continue
+			}
+		}
+		d.pos++
+		st := unix.Stat_t{Ino: ino, Dev: b.dev, Mode: mode}
+		return &fuse.DirEntry{Name: name, Mode: mode, Ino: v.stableAttr(&st).Ino, Off: d.pos}, 0
+	}
+}
+
+// Seekdir rewinds (offset 0) or moves to the offset of an entry already
+// handed out, by rewinding and skipping: the entries are decided again.
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.mu.Lock()
+	if off == d.pos {
+		d.mu.Unlock()
+		return 0
+	}
+	if _, err := unix.Seek(d.fd, 0, 0); err != nil {
+		d.mu.Unlock()
+		return errnoOf(err)
+	}
+	d.off, d.n, d.pos = 0, 0, 0
+	d.mu.Unlock()
+	for d.pos < off {
+		de, errno := d.Readdirent(ctx)
+		if errno != 0 {
+			return errno
+		}
+		if de == nil {
+			break
+		}
+	}
+	return 0
+}
+
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return errnoOf(unix.Fsync(d.fd))
+}
+
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fd >= 0 {
+		unix.Close(d.fd)
+		d.fd = -1
+	}
+}
+
+// parseDirent decodes one linux_dirent64.
+func parseDirent(b []byte) (name string, typ uint8, ino uint64, reclen int) {
+	if len(b) < 19 {
+		return "", 0, 0, len(b)
+	}
+	ino = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+	reclen = int(b[16]) | int(b[17])<<8
+	if reclen == 0 || reclen > len(b) {
+		return "", 0, 0, len(b)
+	}
+	typ = b[18]
+	nameb := b[19:reclen]
+	for i, c := range nameb {
+		if c == 0 {
+			nameb = nameb[:i]
+			break
+		}
+	}
+	return string(nameb), typ, ino, reclen
+}

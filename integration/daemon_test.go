@@ -65,7 +65,6 @@ func TestDaemonEndToEnd(t *testing.T) {
 	d := startDaemon(t, h)
 	dm := d.open("dm", map[string]any{"kind": "discord", "channel_id": "7"})
 	guild := d.open("guild", map[string]any{"kind": "discord", "channel_id": "2", "guild_id": "1"})
-	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	if !exists(dm+"/memories/private/p.md") || exists(dm+"/workspace/deploy/run.sh") {
 		t.Fatal("dm view shows the wrong files")
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/condfs/condfs/control"
 )
 
-var condfsBin string
+var condfsBin, attackerBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "condfs-it")
@@ -35,6 +35,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build condfs: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	attackerBin = filepath.Join(dir, "attacker")
+	if out, err := exec.Command("go", "build", "-o", attackerBin, "./attacker").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build attacker: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	// Unprivileged attackers run both binaries.
+	os.Chmod(dir, 0o755)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

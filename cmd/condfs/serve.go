@@ -74,6 +74,11 @@ unmount every view and remove the socket.`, stderr)
 	}
 	var first *cctx.Set
 	if *mount != "" {
+		abs, err := filepath.Abs(*mount)
+		if err != nil {
+			return usageErr(stderr, fs, "--mount: %v", err)
+		}
+		*mount = abs
 		set, err := parseContextFlags(*atoms)
 		if err != nil {
 			return usageErr(stderr, fs, "--context: %v", err)

@@ -1,0 +1,428 @@
+package integration
+
+// The attack suite: every attack that once worked against condfs, run
+// against the real daemon and real mounts, the attacker a real unprivileged
+// uid (setpriv). Each test names the class of issue 8 it keeps closed; each
+// of them passed (the attack worked) before the fix that closed it.
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/control"
+)
+
+const nobody = 65534
+
+// openHome is a home whose directories other users may search, as a real
+// agent home is (t.TempDir is 0700, which would refuse them natively).
+func openHome(t *testing.T, conditions string) *home {
+	t.Helper()
+	h := newHome(t, conditions, "version: 1\n")
+	for _, dir := range []string{h.root, filepath.Dir(h.root)} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h
+}
+
+// asNobody runs the attacker (or, with a leading "condfs", the condfs
+// binary) as uid and gid 65534 with no groups, and returns its output.
+func asNobody(t *testing.T, args ...string) string {
+	t.Helper()
+	bin := attackerBin
+	if len(args) > 0 && args[0] == "condfs" {
+		bin, args = condfsBin, args[1:]
+	}
+	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, args...)...)
+	out, _ := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+// openFor opens a session served to uid owner.
+func (d *daemon) openFor(id string, owner int, context any) string {
+	d.t.Helper()
+	mnt := d.home.path("mnt/" + id)
+	d.call("session.open", map[string]any{"id": id, "mount": mnt, "context": context, "owner": owner}, nil)
+	return mnt
+}
+
+func chownTree(t *testing.T, root string, uid int) {
+	t.Helper()
+	filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
+		if err == nil {
+			os.Lchown(p, uid, uid)
+		}
+		return nil
+	})
+}
+
+// Class 1: O_CREAT without O_EXCL on the hidden second name of a root-only
+// file opened it as root, returned its bytes and chowned it to the caller.
+func TestAttackCreateOverHiddenHardLink(t *testing.T) {
+	h := openHome(t, privateRule)
+	secret := h.write("memories/private/key", "SECRET")
+	os.Chmod(secret, 0o600)
+	os.MkdirAll(h.path("memories/notes"), 0o777)
+	if err := os.Link(secret, h.path("memories/notes/alias")); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, h)
+	mnt := d.openFor("s", nobody, dmCtx)
+	out := asNobody(t, "creat", mnt+"/memories/notes/alias")
+	if strings.Contains(out, "SECRET") || !strings.HasPrefix(out, "errno") {
+		t.Fatalf("O_CREAT on a hidden hard link: %s", out)
+	}
+	var st unix.Stat_t
+	unix.Stat(secret, &st)
+	if st.Uid != 0 || st.Mode&0o777 != 0o600 {
+		t.Fatalf("the protected file changed: uid %d mode %o", st.Uid, st.Mode&0o777)
+	}
+}
+
+// Class 2: ioctl ran on the backing fd with the daemon's capabilities.
+func TestAttackIoctl(t *testing.T) {
+	h := openHome(t, "")
+	f := h.write("workspace/f.txt", "x")
+	os.Chmod(f, 0o644)
+	d := startDaemon(t, h)
+	mnt := d.openFor("s", nobody, []string{"tui"})
+	if out := asNobody(t, "ioctl", mnt+"/workspace/f.txt"); out != "errno ENOTTY" {
+		t.Fatalf("ioctl through a view: %s", out)
+	}
+}
+
+// Class 3: with two views on one tree, a root-only file renamed onto a name
+// the first view had cached was read and chmodded through it.
+func TestAttackReopenByPath(t *testing.T) {
+	h := openHome(t, "")
+	pub := h.write("workspace/a.md", "public")
+	os.Chmod(pub, 0o644)
+	secret := h.write("workspace/secret", "SECRET")
+	os.Chmod(secret, 0o600)
+	d := startDaemon(t, h)
+	a := d.openFor("a", nobody, []string{"tui"})
+	b := d.open("b", []string{"tui"})
+	if out := asNobody(t, "cat", a+"/workspace/a.md"); out != `read "public"` {
+		t.Fatalf("before: %s", out)
+	}
+	if err := os.Rename(b+"/workspace/secret", b+"/workspace/a.md"); err != nil {
+		t.Fatal(err)
+	}
+	if out := asNobody(t, "cat", a+"/workspace/a.md"); strings.Contains(out, "SECRET") {
+		t.Fatalf("read through a stale name: %s", out)
+	}
+	if out := asNobody(t, "chmod", a+"/workspace/a.md", "666"); out == "chmod done" {
+		t.Fatal("chmod through a stale name")
+	}
+	var st unix.Stat_t
+	unix.Stat(h.path("workspace/a.md"), &st)
+	if st.Mode&0o777 != 0o600 {
+		t.Fatalf("root's file is now mode %o", st.Mode&0o777)
+	}
+}
+
+// Class 4: a uid admitted with --allow-uid used the daemon's mount(2):
+// over root-owned directories, creating directories anywhere, unmounting
+// what a swapped symlink named, and switching or closing others' sessions.
+func TestAttackSocketLendsMount(t *testing.T) {
+	h := openHome(t, "")
+	mountRoot := h.path("views")
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666", "--mount-root", mountRoot)
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	rootOnly := h.path("rootonly")
+	os.Mkdir(rootOnly, 0o700)
+	ctl := func(args ...string) string {
+		return asNobody(t, append([]string{"condfs", "ctl", "--socket", d.socket}, args...)...)
+	}
+	if out := ctl("open", "x", rootOnly, "--context", "tui"); !strings.Contains(out, "may mount only") {
+		t.Fatalf("mount over a root-owned directory: %s", out)
+	}
+	fresh := h.path("nowhere/a/b")
+	if out := ctl("open", "y", fresh, "--context", "tui"); strings.Contains(out, "mounted at") {
+		t.Fatalf("mount on a new path: %s", out)
+	}
+	if _, err := os.Stat(h.path("nowhere")); err == nil {
+		t.Fatal("the daemon created directories for an unprivileged peer")
+	}
+	// A symlink anywhere on the way is refused, so a swap cannot redirect
+	// the mount or, later, the unmount.
+	own := h.path("own")
+	os.Mkdir(own, 0o755)
+	os.Chown(own, nobody, nobody)
+	link := h.path("link")
+	os.Symlink(own, link)
+	if out := ctl("open", "z", link, "--context", "tui"); !strings.Contains(out, "symlink") {
+		t.Fatalf("mount through a symlink: %s", out)
+	}
+	// What it may do: an empty directory it owns, or under --mount-root.
+	if out := ctl("open", "mine", own, "--context", "tui"); !strings.Contains(out, "mounted at") {
+		t.Fatalf("mount on its own empty directory: %s", out)
+	}
+	if out := ctl("open", "under", mountRoot+"/under", "--context", "tui"); !strings.Contains(out, "mounted at") {
+		t.Fatalf("mount under --mount-root: %s", out)
+	}
+	// Another uid's session is not its to read, switch or close.
+	d.open("rootsess", []string{"tui"})
+	for _, args := range [][]string{{"close", "rootsess"}, {"context", "rootsess", "discord:dm"}, {"blocks", "rootsess"}} {
+		if out := ctl(args...); !strings.Contains(out, "belongs to another user") {
+			t.Fatalf("ctl %v on root's session: %s", args, out)
+		}
+	}
+	if out := ctl("list"); strings.Contains(out, "rootsess") || !strings.Contains(out, "mine") {
+		t.Fatalf("session.list shows nobody: %s", out)
+	}
+	if out := ctl("close", "mine"); !strings.Contains(out, "closed") {
+		t.Fatalf("close its own session: %s", out)
+	}
+}
+
+// Class 5: RENAME_EXCHANGE of an unruled directory with one holding a ruled
+// path carried the denied file out from under its rule.
+func TestAttackRenameExchange(t *testing.T) {
+	const rules = `
+[memories."/box/secret.md"]
+when = "discord:dm"
+action = "allow"
+`
+	h := openHome(t, rules)
+	h.write("memories/box/secret.md", "SECRET")
+	h.write("memories/open/readme.md", "r")
+	chownTree(t, h.path("memories"), nobody)
+	d := startDaemon(t, h)
+	mnt := d.openFor("s", nobody, guildCtx)
+	if out := asNobody(t, "exchange", mnt+"/memories/open", mnt+"/memories/box"); out != "errno EACCES" {
+		t.Fatalf("RENAME_EXCHANGE: %s", out)
+	}
+	if _, err := os.Stat(h.path("memories/box/secret.md")); err != nil {
+		t.Fatal("the protected file moved")
+	}
+	if out := asNobody(t, "cat", mnt+"/memories/open/secret.md"); strings.Contains(out, "SECRET") {
+		t.Fatalf("the protected file is readable: %s", out)
+	}
+}
+
+// Class 6: an unruled file opened read-write, renamed under a rule through
+// another view, then denied by the context, kept reading and writing
+// through its passthrough handle.
+func TestAttackHandleOutlivesRename(t *testing.T) {
+	const rules = `
+[workspace."/private/"]
+when = "discord:dm"
+action = "allow"
+`
+	h := openHome(t, rules)
+	f := h.write("workspace/plain.md", "v1")
+	os.MkdirAll(h.path("workspace/private"), 0o755)
+	os.Chown(f, nobody, nobody)
+	d := startDaemon(t, h)
+	a := d.openFor("a", nobody, guildCtx)
+	b := d.open("b", dmCtx)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "hold", a+"/workspace/plain.md")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	lines := bufio.NewScanner(stdout)
+	ask := func(cmd string) string {
+		t.Helper()
+		fmt.Fprintln(stdin, cmd)
+		if !lines.Scan() {
+			t.Fatal("attacker exited")
+		}
+		return lines.Text()
+	}
+	if !lines.Scan() || lines.Text() != "open" {
+		t.Fatalf("open: %s", lines.Text())
+	}
+	if got := ask("r"); got != `read "v1"` {
+		t.Fatalf("read before: %s", got)
+	}
+	if err := os.Rename(b+"/workspace/plain.md", b+"/workspace/private/plain.md"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(b+"/workspace/private/plain.md", []byte("v2 private"), 0o644)
+	if got := ask("r"); got != "errno EACCES" {
+		t.Fatalf("read after the file moved under a denied rule: %s", got)
+	}
+	if got := ask("w"); got != "errno EACCES" {
+		t.Fatalf("write after the file moved under a denied rule: %s", got)
+	}
+}
+
+// Class 7: a few MB of nested "[" in conditions.toml overflowed the stack
+// on reload, a 600-byte YAML alias bomb exhausted memory, a FIFO at a config
+// path hung status, and an empty file on reload dropped every rule.
+func TestAttackHostileConfig(t *testing.T) {
+	h := openHome(t, privateRule)
+	h.write("memories/private/p.md", "p")
+	d := startDaemon(t, h)
+	mnt := d.open("s", guildCtx)
+	status := func() (gen int, errMsg string) {
+		var st struct {
+			Config map[string]struct {
+				Generation int     `json:"generation"`
+				Error      *string `json:"error"`
+			} `json:"config"`
+		}
+		d.call("config.reload", map[string]any{}, nil)
+		d.call("status", map[string]any{}, &st)
+		c := st.Config["conditions"]
+		if c.Error != nil {
+			errMsg = *c.Error
+		}
+		return c.Generation, errMsg + " | " + fmt.Sprint(st.Config["policy"].Error != nil)
+	}
+	check := func(what string) {
+		t.Helper()
+		if exists(mnt + "/memories/private/p.md") {
+			t.Fatalf("%s opened a denied path", what)
+		}
+		if !exists(mnt + "/memories") {
+			t.Fatalf("%s: the view stopped answering", what)
+		}
+	}
+	h.write("config/conditions.toml", strings.Repeat("[", 3<<20))
+	if _, msg := status(); !strings.Contains(msg, "nested deeper") {
+		t.Fatalf("deep TOML: %s", msg)
+	}
+	check("deep TOML")
+	bomb := "version: 1\nconsts:\n  a: &a [x,x,x,x,x,x,x,x,x]\n"
+	for i, c := range "bcdefghi" {
+		prev := string("abcdefghi"[i])
+		bomb += fmt.Sprintf("  %c: &%c [*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s]\n", c, c, prev, prev, prev, prev, prev, prev, prev, prev, prev)
+	}
+	bomb += "roles:\n  default:\n    tools: {}\n"
+	h.write("config/policy.yaml", bomb)
+	if _, msg := status(); !strings.HasSuffix(msg, "true") {
+		t.Fatalf("alias bomb loaded: %s", msg)
+	}
+	out, err := exec.Command(condfsBin, "policy", "lint", h.path("config/policy.yaml")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "expand") {
+		t.Fatalf("policy lint on an alias bomb: %v %s", err, out)
+	}
+	os.Remove(h.path("config/conditions.toml"))
+	if err := unix.Mkfifo(h.path("config/conditions.toml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 1)
+	go func() { _, msg := status(); done <- msg }()
+	select {
+	case msg := <-done:
+		if !strings.Contains(msg, "regular file") {
+			t.Fatalf("FIFO: %s", msg)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a FIFO at the config path hung status")
+	}
+	check("FIFO")
+	os.Remove(h.path("config/conditions.toml"))
+	h.write("config/conditions.toml", "")
+	if _, msg := status(); !strings.Contains(msg, "empty") {
+		t.Fatalf("empty conditions.toml: %s", msg)
+	}
+	check("empty conditions.toml")
+}
+
+// Class 8: a session.open whose mountpoint hangs held the daemon's lock:
+// every other session's context.set and status hung with it.
+func TestAttackHungOpen(t *testing.T) {
+	h := openHome(t, privateRule)
+	h.write("memories/private/p.md", "p")
+	d := startDaemon(t, h)
+	mnt := d.open("s", dmCtx)
+	// A FUSE filesystem that never answers: mounted, its fd never read.
+	hung := h.path("hung")
+	os.Mkdir(hung, 0o755)
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("hung", hung, "fuse.hung", 0, fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", fd)); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			unix.Unmount(hung, unix.MNT_DETACH)
+			unix.Close(fd)
+		}
+	}
+	defer release()
+	go func() {
+		c, err := control.Dial(d.socket)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Call("session.open", map[string]any{"id": "stuck", "mount": hung + "/sub", "context": []string{"tui"}}, nil)
+	}()
+	time.Sleep(300 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		c, err := control.Dial(d.socket)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		if err := c.Call("context.set", map[string]any{"session": "s", "context": guildCtx}, nil); err != nil {
+			done <- err
+			return
+		}
+		done <- c.Call("status", map[string]any{}, nil)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a hung session.open stalled another session's context.set")
+	}
+	if exists(mnt + "/memories/private/p.md") {
+		t.Fatal("the switched session still sees its old context")
+	}
+	release()
+}
+
+// Class 9: a directory fd opened before a switch listed names the new
+// context denies.
+func TestAttackStaleDirectoryHandle(t *testing.T) {
+	h := openHome(t, privateRule)
+	h.write("memories/private/p.md", "p")
+	h.write("memories/open.md", "o")
+	d := startDaemon(t, h)
+	mnt := d.open("s", dmCtx)
+	dir, err := os.Open(mnt + "/memories")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	d.setContext("s", guildCtx)
+	names, err := dir.Readdirnames(-1)
+	if err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if n == "private" {
+			t.Fatalf("a handle opened in a DM lists %v in a guild", names)
+		}
+	}
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }

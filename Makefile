@@ -31,6 +31,8 @@ bench:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 200x ./constraints/internal/expr/
+	$(GO) test -run '^$$' -fuzz FuzzParsePolicy -fuzztime 60s ./constraints/
+	$(GO) test -run '^$$' -fuzz FuzzParseConditions -fuzztime 60s ./acl/
 
 clean:
 	rm -rf bin

@@ -43,3 +43,25 @@ func FuzzDecide(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseConditions: no conditions.toml crashes the loader or takes it
+// unbounded memory; the seeds include the bracket bomb that once
+// overflowed the stack on reload (issue 8). A file either loads or fails
+// with a positioned error.
+func FuzzParseConditions(f *testing.F) {
+	f.Add([]byte(design))
+	f.Add([]byte(strings.Repeat("[", 100000)))
+	f.Add([]byte("a = " + strings.Repeat("[", 5000) + strings.Repeat("]", 5000)))
+	f.Add([]byte("a = " + strings.Repeat("{b=", 200) + "1" + strings.Repeat("}", 200)))
+	f.Add([]byte("x = \"[[[[\"\n[memories.\"/p/\"]\nwhen = \"tui\"\naction = \"allow\"\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse("f.toml", data)
+		if err != nil {
+			if le, ok := err.(*LoadError); ok && le.Line < 1 {
+				t.Fatalf("error without a position: %v", err)
+			}
+			return
+		}
+		c.Visible(Memories, "/p/x", set(t, "tui"))
+	})
+}

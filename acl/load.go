@@ -65,7 +65,9 @@ func (l *loader) posErr(err error) error {
 	if errors.As(err, &pe) {
 		msg := pe.Message
 		msg = strings.TrimPrefix(msg, "toml: ")
-		return &LoadError{File: l.file, Line: pe.Position.Line, Col: max(pe.Position.Col, 1), Msg: msg}
+		// Some implicit tables carry no line (a dotted header such as [0.""]): name
+		// the first line rather than line 0.
+		return &LoadError{File: l.file, Line: max(pe.Position.Line, 1), Col: max(pe.Position.Col, 1), Msg: msg}
 	}
 	return &LoadError{File: l.file, Line: 1, Col: 1, Msg: err.Error()}
 }

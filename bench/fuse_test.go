@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +24,9 @@ import (
 //	cd bench && go test -run '^$' -bench 'FS|ContextSet' -benchtime 2s
 //
 // CONDFS_BENCH_BIG sets the sequential-read file size in MiB (default 1024).
+// CONDFS_BENCH_UID runs every operation as that uid (the benchmark thread's
+// fsuid and fsgid; FUSE requests carry them), so that condfs acts as a
+// non-root caller; the session is opened for that uid.
 
 type fixture struct {
 	backing string            // the tree (workspace of the agent home)
@@ -109,7 +113,19 @@ func setup() (*fixture, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := f.ctl.Call("session.open", map[string]any{"id": "b", "mount": mnt, "context": []string{"discord:guild:7"}}, nil); err != nil {
+	open := map[string]any{"id": "b", "mount": mnt, "context": []string{"discord:guild:7"}}
+	if benchUID > 0 {
+		open["owner"] = benchUID
+		// The caller must be able to reach and change the tree natively.
+		os.Chmod(tmp, 0o755)
+		filepath.Walk(f.backing, func(p string, _ os.FileInfo, err error) error {
+			if err == nil {
+				os.Lchown(p, benchUID, benchUID)
+			}
+			return nil
+		})
+	}
+	if err := f.ctl.Call("session.open", open, nil); err != nil {
 		return f, err
 	}
 	f.mounts["native"] = f.backing
@@ -189,12 +205,33 @@ func wantsFUSE() bool {
 	return false
 }
 
+var benchUID = func() int {
+	var uid int
+	fmt.Sscan(os.Getenv("CONDFS_BENCH_UID"), &uid)
+	return uid
+}()
+
 func each(b *testing.B, fn func(b *testing.B, dir string)) {
 	if fx == nil {
 		b.Fatal("no FUSE fixture (run as root with -bench selecting FS)")
 	}
 	for _, name := range []string{"native", "loopback", "condfs"} {
-		b.Run(name, func(b *testing.B) { fn(b, fx.mounts[name]) })
+		b.Run(name, func(b *testing.B) {
+			if benchUID > 0 {
+				// This goroutine's thread acts as the uid: per-thread
+				// fsuid/fsgid, no supplementary groups.
+				runtime.LockOSThread()
+				syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0)
+				syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(benchUID), 0, 0)
+				syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(benchUID), 0, 0)
+				defer func() {
+					syscall.RawSyscall(syscall.SYS_SETFSUID, 0, 0, 0)
+					syscall.RawSyscall(syscall.SYS_SETFSGID, 0, 0, 0)
+					runtime.UnlockOSThread()
+				}()
+			}
+			fn(b, fx.mounts[name])
+		})
 	}
 }
 

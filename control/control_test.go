@@ -203,3 +203,81 @@ func BenchmarkEcho(b *testing.B) {
 		}
 	}
 }
+
+// TestMaxConns: one connection over --max-conns gets an error line and is
+// closed; once a connection closes, a new one is served again.
+func TestMaxConns(t *testing.T) {
+	s := serve(t, Options{Group: -1, MaxConns: 2})
+	var held []net.Conn
+	call := func(c net.Conn) string {
+		fmt.Fprintln(c, `{"jsonrpc":"2.0","id":1,"method":"echo","params":{"x":1}}`)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		return line
+	}
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("unix", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got := call(c); !strings.Contains(got, `"result"`) {
+			t.Fatalf("connection %d: %s", i, got)
+		}
+		held = append(held, c)
+	}
+	extra, err := net.Dial("unix", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, _ := bufio.NewReader(extra).ReadString('\n')
+	extra.Close()
+	if !strings.Contains(line, fmt.Sprint(CodeBusy)) || !strings.Contains(line, "max-conns") {
+		t.Fatalf("connection over the limit: %q", line)
+	}
+	held[0].Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("unix", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := call(c)
+		c.Close()
+		if strings.Contains(got, `"result"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a closed connection's place was never freed: %s", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDuplicateKeys: a duplicate key at any depth is an invalid request,
+// and the connection stays usable.
+func TestDuplicateKeys(t *testing.T) {
+	s := serve(t, Options{Group: -1})
+	c, err := net.Dial("unix", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"echo","method":"fail","params":{}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"a":[{"b":1,"b":2}]}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"a":{"c":{"d":1,"d":1}}}}`,
+	} {
+		fmt.Fprintln(c, line)
+		got, _ := r.ReadString('\n')
+		if !strings.Contains(got, "-32600") || !strings.Contains(got, "duplicate key") {
+			t.Fatalf("%s: %s", line, got)
+		}
+	}
+	fmt.Fprintln(c, `{"jsonrpc":"2.0","id":2,"method":"echo","params":{"a":[{"b":1},{"b":2}],"c":{"b":3}}}`)
+	if got, _ := r.ReadString('\n'); !strings.Contains(got, `"result"`) {
+		t.Fatalf("same key in different objects: %s", got)
+	}
+}

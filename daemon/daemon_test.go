@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -173,5 +174,36 @@ func BenchmarkEchoBaseline(b *testing.B) {
 		if err := c.Call("echo", params, &out); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestDenialRateLimit: identical denials are written once a window, and the
+// next record says how many were left out; other denials are not held up.
+func TestDenialRateLimit(t *testing.T) {
+	var l denialLimiter
+	l.init()
+	k := denialKey{"s", "memories", "/private/x", "lookup"}
+	now := time.Unix(1000, 0)
+	if w, _ := l.admit(k, now); !w {
+		t.Fatal("the first denial was not written")
+	}
+	for i := 0; i < 10000; i++ {
+		if w, _ := l.admit(k, now.Add(time.Millisecond)); w {
+			t.Fatal("an identical denial within the window was written")
+		}
+	}
+	if w, _ := l.admit(denialKey{"s", "memories", "/private/y", "lookup"}, now); !w {
+		t.Fatal("another path's denial was held up")
+	}
+	w, suppressed := l.admit(k, now.Add(2*denialWindow))
+	if !w || suppressed != 10000 {
+		t.Fatalf("after the window: write %v, suppressed %d, want 10000", w, suppressed)
+	}
+	// A flood of distinct paths keeps memory bounded.
+	for i := 0; i < 3*denialKeys; i++ {
+		l.admit(denialKey{"s", "memories", fmt.Sprintf("/p/%d", i), "lookup"}, now.Add(3*denialWindow))
+	}
+	if n := len(l.seen); n > denialKeys {
+		t.Fatalf("%d denials remembered, limit %d", n, denialKeys)
 	}
 }

@@ -52,31 +52,44 @@ func (b *backing) ancestorsSearchable() error {
 
 // spacePath names what fd is open on now, as a canonical path in this
 // space, whatever renames happened since it was opened (through any view or
-// in the backing tree). unlinked reports a file with no name left (p is then
-// empty); ok is false when the file has left the space or cannot be named.
-func (b *backing) spacePath(fd int) (p string, unlinked, ok bool) {
+// in the backing tree), and gives its link count. unlinked reports a file
+// with no name left (p is then empty); ok is false when the file has left
+// the space or cannot be named (the name it was opened by is gone but
+// another remains: which one is not known, so nothing is assumed).
+func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return "", false, false
+		return "", 0, false, false
 	}
-	if st.Nlink == 0 {
-		return "", true, true
+	if st.Nlink == 0 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", 0, true, true
 	}
 	var buf [unix.PathMax]byte
 	n, err := unix.Readlink(procPath(fd), buf[:])
 	if err != nil || n >= len(buf) {
-		return "", false, false
+		return "", 0, false, false
 	}
 	abs := string(buf[:n])
+	if strings.HasSuffix(abs, " (deleted)") {
+		// Either the name it was opened by is gone, or a file is really
+		// called so: only the inode at that path can tell.
+		var at unix.Stat_t
+		if err := unix.Lstat(abs, &at); err != nil || at.Dev != st.Dev || at.Ino != st.Ino {
+			if st.Nlink == 0 {
+				return "", 0, true, true
+			}
+			return "", 0, false, false
+		}
+	}
 	switch {
 	case abs == b.real:
-		return "/", false, true
+		return "/", uint64(st.Nlink), false, true
 	case b.real == "/":
-		return abs, false, strings.HasPrefix(abs, "/")
+		return abs, uint64(st.Nlink), false, strings.HasPrefix(abs, "/")
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
-		return abs[len(b.real):], false, true
+		return abs[len(b.real):], uint64(st.Nlink), false, true
 	}
-	return "", false, false
+	return "", 0, false, false
 }
 
 func (b *backing) close() { unix.Close(b.fd) }

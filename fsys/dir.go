@@ -59,6 +59,13 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 
 // Readdirent hands out the next entry the view shows.
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	// The entries' attributes are read as the caller (a thread keeps the
+	// last caller's credentials otherwise).
+	a, errno := d.node.view.become(ctx)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer a.restore()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fd < 0 {
@@ -76,7 +83,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			}
 			d.off, d.n = 0, nb
 			// The directory may have moved since the last batch.
-			p, unlinked, ok := b.spacePath(d.fd)
+			p, _, unlinked, ok := b.spacePath(d.fd)
 			d.dirPath, d.dirOK = p, ok && !unlinked
 		}
 		name, typ, ino, reclen := parseDirent(d.buf[d.off:d.n])

@@ -60,11 +60,12 @@ func (n *node) newHandle(fd int, path string, ruled bool) (*fileHandle, uint32) 
 }
 
 // decide re-decides the handle in the current context. A file that lost its
-// name keeps the authority of its last one; a file moved out of its space
-// has none.
+// name keeps the authority of its last one; a file moved out of its space,
+// or one that has gained a second name in a space with rules (the other may
+// be protected, as the view's hiding rules say), has none.
 func (h *fileHandle) decide(audit bool) bool {
 	b := h.node.backing()
-	p, unlinked, ok := b.spacePath(h.fd)
+	p, nlink, unlinked, ok := b.spacePath(h.fd)
 	h.mu.Lock()
 	switch {
 	case ok && !unlinked:
@@ -73,13 +74,17 @@ func (h *fileHandle) decide(audit bool) bool {
 		p = h.last
 	}
 	h.mu.Unlock()
-	if !ok {
-		return false
+	v := h.node.view
+	snap := v.snapshot()
+	vis := ok
+	if vis {
+		vis, _ = snap.cfg.Visible(h.node.space, p, snap.atoms)
 	}
-	snap := h.node.view.snapshot()
-	vis, _ := snap.cfg.Visible(h.node.space, p, snap.atoms)
+	if vis && nlink > 1 && !v.opts.AllowHardlinks && snap.cfg.HasRules(h.node.space) {
+		vis = false
+	}
 	if !vis && audit {
-		h.node.view.auditDeny(snap.atoms, h.node.space, p, opIO.String())
+		v.auditDeny(snap.atoms, h.node.space, p, opIO.String())
 	}
 	return vis
 }

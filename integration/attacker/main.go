@@ -5,9 +5,11 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -71,9 +73,107 @@ func main() {
 				fmt.Printf("read %q\n", buf[:n])
 			}
 		}
+	case "shell": // one command per line on stdin, one answer line each
+		shell(os.Stdin, os.Stdout)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown subcommand")
 		os.Exit(2)
+	}
+}
+
+// shell runs commands for the model-based test: every answer is one line,
+// "ok" with a quoted result, or "errno NAME".
+func shell(in *os.File, out *os.File) {
+	w := bufio.NewWriter(out)
+	handles := map[string]int{}
+	next := 0
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			fmt.Fprintln(w, "error bad command")
+			w.Flush()
+			continue
+		}
+		var res string
+		var err error
+		switch f[0] {
+		case "cat":
+			var b []byte
+			b, err = os.ReadFile(f[1])
+			res = string(b)
+		case "ls":
+			var names []string
+			d, derr := os.Open(f[1])
+			if err = derr; err == nil {
+				names, err = d.Readdirnames(-1)
+				d.Close()
+			}
+			res = strings.Join(names, "/")
+		case "creat":
+			var fd int
+			fd, err = unix.Open(f[1], unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644)
+			if err == nil {
+				unix.Write(fd, []byte(f[2]))
+				unix.Close(fd)
+			}
+		case "mkdir":
+			err = unix.Mkdir(f[1], 0o755)
+		case "rename":
+			err = unix.Rename(f[1], f[2])
+		case "exchange":
+			err = unix.Renameat2(unix.AT_FDCWD, f[1], unix.AT_FDCWD, f[2], unix.RENAME_EXCHANGE)
+		case "link":
+			err = unix.Link(f[1], f[2])
+		case "unlink":
+			err = unix.Unlink(f[1])
+		case "rmdir":
+			err = unix.Rmdir(f[1])
+		case "chmod":
+			m, _ := strconv.ParseUint(f[2], 8, 32)
+			err = unix.Chmod(f[1], uint32(m))
+		case "open":
+			var fd int
+			fd, err = unix.Open(f[1], unix.O_RDWR, 0)
+			if err == nil {
+				next++
+				res = strconv.Itoa(next)
+				handles[res] = fd
+			}
+		case "read", "write", "close":
+			fd, ok := handles[f[1]]
+			if !ok {
+				err = unix.EBADF
+				break
+			}
+			switch f[0] {
+			case "read":
+				buf := make([]byte, 4096)
+				var n int
+				n, err = unix.Pread(fd, buf, 0)
+				res = string(buf[:max(n, 0)])
+			case "write":
+				_, err = unix.Pwrite(fd, []byte(f[2]), 0)
+			case "close":
+				err = unix.Close(fd)
+				delete(handles, f[1])
+			}
+		default:
+			fmt.Fprintln(w, "error unknown command")
+			w.Flush()
+			continue
+		}
+		if err != nil {
+			var e syscall.Errno
+			if errors.As(err, &e) {
+				fmt.Fprintf(w, "errno %s\n", unix.ErrnoName(e))
+			} else {
+				fmt.Fprintf(w, "error %q\n", err.Error())
+			}
+		} else {
+			fmt.Fprintf(w, "ok %q\n", res)
+		}
+		w.Flush()
 	}
 }
 

@@ -3,6 +3,7 @@ package fsys
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -27,9 +28,19 @@ type fileHandle struct {
 	lf    *fs.LoopbackFile // read, write, locks, seek, allocate on fd
 	ruled bool
 
-	mu   sync.Mutex
-	last string // the last path seen, for a file that has lost its name
+	mu     sync.Mutex
+	last   string // the last path seen, for a file that has lost its name
+	gen    uint64 // authGen when vis was decided
+	cached bool
+	vis    bool
 }
+
+// authGen counts the events that can change an open file's decision:
+// context switches, reloads and renames through any view. A handle decides
+// again (finding its path from its fd) only when it has moved; between
+// events its last decision stands. Changes made directly in the backing
+// tree, not through a view, are seen at the next event.
+var authGen atomic.Uint64
 
 var (
 	_ fs.FileReader    = (*fileHandle)(nil)
@@ -64,6 +75,21 @@ func (n *node) newHandle(fd int, path string, ruled bool) (*fileHandle, uint32) 
 // or one that has gained a second name in a space with rules (the other may
 // be protected, as the view's hiding rules say), has none.
 func (h *fileHandle) decide(audit bool) bool {
+	v := h.node.view
+	// The generation is read before the snapshot: a decision made while
+	// an event happens is kept under the older generation, so the next
+	// call decides again.
+	g := authGen.Load()
+	h.mu.Lock()
+	if h.cached && h.gen == g {
+		vis, p := h.vis, h.last
+		h.mu.Unlock()
+		if !vis && audit {
+			v.auditDeny(v.Context(), h.node.space, p, opIO.String())
+		}
+		return vis
+	}
+	h.mu.Unlock()
 	b := h.node.backing()
 	p, nlink, unlinked, ok := b.spacePath(h.fd)
 	h.mu.Lock()
@@ -74,7 +100,6 @@ func (h *fileHandle) decide(audit bool) bool {
 		p = h.last
 	}
 	h.mu.Unlock()
-	v := h.node.view
 	snap := v.snapshot()
 	vis := ok
 	if vis {
@@ -83,6 +108,9 @@ func (h *fileHandle) decide(audit bool) bool {
 	if vis && nlink > 1 && !v.opts.AllowHardlinks && snap.cfg.HasRules(h.node.space) {
 		vis = false
 	}
+	h.mu.Lock()
+	h.gen, h.cached, h.vis = g, true, vis
+	h.mu.Unlock()
 	if !vis && audit {
 		v.auditDeny(snap.atoms, h.node.space, p, opIO.String())
 	}

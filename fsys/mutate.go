@@ -201,6 +201,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if err := unix.Renameat2(src.dirfd, name, dst.dirfd, newName, uint(flags)); err != nil {
 		return errnoOf(err)
 	}
+	authGen.Add(1)
 	revokeAll()
 	return 0
 }

@@ -429,6 +429,7 @@ func (v *View) Mountpoint() string { return v.opts.Mountpoint }
 // denied files fail their next read or write.
 func (v *View) SetContext(set cctx.Set) error {
 	v.atoms.Store(&set)
+	authGen.Add(1)
 	return v.Invalidate()
 }
 
@@ -437,6 +438,7 @@ func (v *View) Invalidate() error {
 	if v.closed.Load() {
 		return errors.New("view is unmounted")
 	}
+	authGen.Add(1)
 	done := false
 	if v.epoch.Load() {
 		if err := v.incEpoch(); err == nil || errors.Is(err, unix.ENOENT) {

@@ -144,9 +144,9 @@ func TestHiddenNamesAndAncestors(t *testing.T) {
 	}
 	// A directory node obtained while it was visible (a process's cwd)
 	// finds nothing after the switch: every directory above is decided.
-	f.v.atoms.Store(&dm)
+	f.v.SetContext(dm)
 	priv := f.node("memories", "private")
-	f.v.atoms.Store(&guild)
+	f.v.SetContext(guild)
 	var out fuse.EntryOut
 	_, errno = priv.Lookup(ctx, "diary.md", &out)
 	f.wantErrno("lookup under a directory hidden since", errno, syscall.ENOENT)
@@ -199,7 +199,7 @@ func TestDirectoryHandleDecidesEachEntryWhenRead(t *testing.T) {
 	}
 	d := h.(*dirHandle)
 	defer d.Releasedir(context.Background(), 0)
-	f.v.atoms.Store(&guild) // after opendir, before the first READDIR
+	f.v.SetContext(guild) // after opendir, before the first READDIR
 	seen := map[string]bool{}
 	for {
 		de, errno := d.Readdirent(context.Background())
@@ -215,7 +215,7 @@ func TestDirectoryHandleDecidesEachEntryWhenRead(t *testing.T) {
 		t.Errorf("a handle opened in a DM, read in a guild, lists %v", seen)
 	}
 	// Rewinding lists again, in the context of now.
-	f.v.atoms.Store(&dm)
+	f.v.SetContext(dm)
 	if errno := d.Seekdir(context.Background(), 0); errno != 0 {
 		t.Fatal(errno)
 	}
@@ -374,7 +374,7 @@ func TestHandlesAcrossAContextSwitch(t *testing.T) {
 	if _, errno := h.Read(ctx, buf, 0); errno != 0 {
 		t.Fatalf("read in a DM: %v", errno)
 	}
-	f.v.atoms.Store(&guild)
+	f.v.SetContext(guild)
 	_, errno = h.Read(ctx, buf, 0)
 	f.wantErrno("read after the switch", errno, syscall.EACCES)
 	_, errno = h.Write(ctx, []byte("x"), 0)
@@ -385,7 +385,7 @@ func TestHandlesAcrossAContextSwitch(t *testing.T) {
 
 func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {
 	// Attack 6: an unruled file opened read-write, renamed under a rule
-	// (here in the backing tree, as another view would), then denied.
+	// through another view, then denied.
 	f := newFixture(t, testRules, guild)
 	f.write("plain.md", "v1")
 	os.MkdirAll(filepath.Join(f.mem, "private"), 0o755)
@@ -400,16 +400,30 @@ func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {
 	if flags&fuse.FOPEN_DIRECT_IO != 0 {
 		t.Error("an unruled file should use the page cache")
 	}
-	if err := os.Rename(filepath.Join(f.mem, "plain.md"), filepath.Join(f.mem, "private/plain.md")); err != nil {
+	buf := make([]byte, 8)
+	if _, errno := h.Read(ctx, buf, 0); errno != 0 {
+		t.Fatalf("read before: %v", errno)
+	}
+	// A second view on the same tree, in a DM, moves the file.
+	other := &fixture{t: t, mem: f.mem, work: f.work, rules: f.rules}
+	v2, err := newView(Options{Mountpoint: "/nonexistent", Memories: f.mem, Workspace: f.work, Rules: f.rules, Context: dm, Owner: uint32(os.Getuid())})
+	if err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 8)
+	defer v2.closeBacking()
+	other.v = v2
+	mem2 := other.node("memories")
+	priv2 := other.node("memories", "private")
+	if errno := mem2.Rename(ctx, "plain.md", priv2, "plain.md", 0); errno != 0 {
+		t.Fatalf("rename through the other view: %v", errno)
+	}
 	_, errno = h.Read(ctx, buf, 0)
 	f.wantErrno("read after the file moved under a denied rule", errno, syscall.EACCES)
 	_, errno = h.Write(ctx, []byte("v2"), 0)
 	f.wantErrno("write after the file moved under a denied rule", errno, syscall.EACCES)
 	// Unlinked, a file keeps the authority of its last name.
 	os.Remove(filepath.Join(f.mem, "private/plain.md"))
+	f.v.SetContext(guild)
 	_, errno = h.Read(ctx, buf, 0)
 	f.wantErrno("read of the unlinked file", errno, syscall.EACCES)
 }

@@ -1,7 +1,9 @@
-// Package conformance reads the team's shared conformance cases
-// (../shared/conformance beside the repository) and the list of cases this
-// repository disputes (testdata/conformance-disputed.txt). Tests use it; a
-// missing shared folder is a test failure, never a skip.
+// Package conformance reads the conformance cases the repository keeps in
+// testdata/conformance (a copy of the team's shared corpus, so that a clone
+// stands alone) and the list of cases this repository disputes
+// (testdata/conformance-disputed.txt). Tests use it; missing cases are a
+// test failure, never a skip. SharedDir finds the team's corpus beside the
+// repository, when it is there, so that a test can fail on drift.
 package conformance
 
 import (
@@ -33,17 +35,31 @@ func RepoRoot() (string, error) {
 	}
 }
 
-// Dir returns the shared conformance directory.
+// Dir returns the repository's copy of the conformance cases.
 func Dir() (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(root, "..", "shared", "conformance")
+	dir := filepath.Join(root, "testdata", "conformance")
 	if _, err := os.Stat(dir); err != nil {
-		return "", fmt.Errorf("shared conformance cases not found at %s: %w", dir, err)
+		return "", fmt.Errorf("conformance cases not found at %s: %w", dir, err)
 	}
 	return dir, nil
+}
+
+// SharedDir returns the team's shared corpus beside the repository
+// (../shared/conformance), and false when there is none.
+func SharedDir() (string, bool) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", false
+	}
+	dir := filepath.Join(root, "..", "shared", "conformance")
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return "", false
+	}
+	return dir, true
 }
 
 // Case is one line of a JSON Lines file: its id and its raw fields.

@@ -110,13 +110,13 @@ func (c *Config) File() string { return c.file }
 // with several hard links are hidden (their other name may be protected).
 func (c *Config) HasRules(s Space) bool { return c.ruled[s] }
 
-// Decide reports whether ctx may see the canonical path p of space s, and
+// Decide reports whether atoms may see the canonical path p of space s, and
 // whether any rule matched p at all (a path that no rule matches can never
 // change its decision). It does not allocate.
-func (c *Config) Decide(s Space, p string, ctx cctx.Set) (allow, ruled bool) {
+func (c *Config) Decide(s Space, p string, atoms cctx.Set) (allow, ruled bool) {
 	n := c.spaces[s]
 	matched, allowed := false, false
-	if eval(n.prefix, ctx, &matched, &allowed) {
+	if eval(n.prefix, atoms, &matched, &allowed) {
 		return false, true
 	}
 	// Walk the segments of p ("/a/b" -> "a", "b") without splitting.
@@ -126,11 +126,11 @@ func (c *Config) Decide(s Space, p string, ctx cctx.Set) (allow, ruled bool) {
 		if n = n.children[seg]; n == nil {
 			break
 		}
-		if eval(n.prefix, ctx, &matched, &allowed) {
+		if eval(n.prefix, atoms, &matched, &allowed) {
 			return false, true
 		}
 		if last {
-			if eval(n.exact, ctx, &matched, &allowed) {
+			if eval(n.exact, atoms, &matched, &allowed) {
 				return false, true
 			}
 			break
@@ -154,10 +154,10 @@ func segment(p string, i int) (seg string, next int) {
 }
 
 // eval applies rules that match the path; it returns true on a deny.
-func eval(rules []rule, ctx cctx.Set, matched, allowed *bool) bool {
+func eval(rules []rule, atoms cctx.Set, matched, allowed *bool) bool {
 	for i := range rules {
 		*matched = true
-		if rules[i].cond.Holds(ctx) {
+		if rules[i].cond.Holds(atoms) {
 			if rules[i].deny {
 				return true
 			}
@@ -185,7 +185,7 @@ type Explanation struct {
 
 // Explain decides like Decide and lists every rule that matched, with
 // whether its condition held.
-func (c *Config) Explain(s Space, p string, ctx cctx.Set) Explanation {
+func (c *Config) Explain(s Space, p string, atoms cctx.Set) Explanation {
 	ex := Explanation{Path: p, Rules: []Match{}}
 	add := func(rules []rule) {
 		for _, r := range rules {
@@ -193,7 +193,7 @@ func (c *Config) Explain(s Space, p string, ctx cctx.Set) Explanation {
 			if r.deny {
 				action = "deny"
 			}
-			ex.Rules = append(ex.Rules, Match{Key: r.key, Action: action, When: r.cond.String(), Holds: r.cond.Holds(ctx)})
+			ex.Rules = append(ex.Rules, Match{Key: r.key, Action: action, When: r.cond.String(), Holds: r.cond.Holds(atoms)})
 		}
 	}
 	n := c.spaces[s]
@@ -211,7 +211,7 @@ func (c *Config) Explain(s Space, p string, ctx cctx.Set) Explanation {
 			add(n.exact)
 		}
 	}
-	allow, _ := c.Decide(s, p, ctx)
+	allow, _ := c.Decide(s, p, atoms)
 	ex.Decision = "deny"
 	if allow {
 		ex.Decision = "allow"
@@ -239,10 +239,10 @@ func (c *Config) Explain(s Space, p string, ctx cctx.Set) Explanation {
 // process's cwd may sit inside a directory that has just been hidden). ruled
 // reports whether any rule matched p or a directory above it. It does not
 // allocate.
-func (c *Config) Visible(s Space, p string, ctx cctx.Set) (visible, ruled bool) {
+func (c *Config) Visible(s Space, p string, atoms cctx.Set) (visible, ruled bool) {
 	n := c.spaces[s]
 	matched, allowed := false, false
-	if eval(n.prefix, ctx, &matched, &allowed) {
+	if eval(n.prefix, atoms, &matched, &allowed) {
 		return false, true
 	}
 	if matched && !allowed {
@@ -254,13 +254,13 @@ func (c *Config) Visible(s Space, p string, ctx cctx.Set) (visible, ruled bool) 
 		if n = n.children[seg]; n == nil {
 			break
 		}
-		if eval(n.prefix, ctx, &matched, &allowed) {
+		if eval(n.prefix, atoms, &matched, &allowed) {
 			return false, true
 		}
 		// This level's own decision: the prefix rules so far (they match
 		// every level below them) and its exact rules.
 		em, ea := matched, allowed
-		if eval(n.exact, ctx, &em, &ea) {
+		if eval(n.exact, atoms, &em, &ea) {
 			return false, true
 		}
 		if em && !ea {

@@ -33,15 +33,15 @@ type BlockError struct {
 // not a data store.
 const maxBlockBytes = 1 << 20
 
-// Blocks returns the blocks that ctx selects, in table order, read from
+// Blocks returns the blocks that atoms selects, in table order, read from
 // dir/NAME.md. A missing or malformed file is reported in errs and left
 // out; the others still load. Files are opened beneath dir, so a symlink
 // there cannot lead out of it.
-func (c *Config) Blocks(dir string, ctx cctx.Set) (blocks []Block, errs []BlockError) {
+func (c *Config) Blocks(dir string, atoms cctx.Set) (blocks []Block, errs []BlockError) {
 	blocks, errs = []Block{}, []BlockError{}
 	var root *os.Root
 	for _, br := range c.blocks {
-		if !br.cond.Holds(ctx) {
+		if !br.cond.Holds(atoms) {
 			continue
 		}
 		file := filepath.Join(dir, br.name+".md")

@@ -88,14 +88,3 @@ func (e *LoadError) Error() string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// DecodeJSON decodes JSON strictly and exactly: duplicate keys, invalid
-// UTF-8 and oversized input (a string over 64 KiB, an array over 10,000
-// elements) are errors.
-func DecodeJSON(data []byte) (Value, error) {
-	return value.Decode(string(data), value.RequestLimits)
-}
-
-// KindString is the kind of a JSON string, for callers that read extra
-// fields of a decoded request (the daemon's "session").
-const KindString = value.String

@@ -21,6 +21,9 @@ type Request struct {
 	Args  *Value    // an object; nil means {}
 	Ctx   *Value    // caller attributes, an object; nil means {}
 	Atoms *cctx.Set // the calling session's context; nil when there is none
+	// Session is the session the call names; the daemon sets Atoms from
+	// it. Decide never reads it.
+	Session string
 	// Invalid, when set, says why the request could not be decoded; the
 	// call is then denied with it.
 	Invalid string
@@ -153,4 +156,35 @@ func runAll(e *expr.Env, progs []*program) (string, bool) {
 		}
 	}
 	return "", true
+}
+
+// MayCall reports whether some call of tool could ever be allowed or sent
+// for approval for these roles: false only when every role that would
+// decide (default for none, unknown ones or mixins) has mode deny for it,
+// listed or by its default. Constraints are not evaluated (they depend on
+// the arguments). A gateway uses it to leave tools out of a listing.
+func (p *Policy) MayCall(roles []string, tool string) bool {
+	if p == nil || p.roles == nil {
+		return false
+	}
+	if len(roles) == 0 {
+		roles = []string{"default"}
+	}
+	for _, name := range roles {
+		ro := p.roles[name]
+		if ro == nil {
+			ro = p.roles["default"]
+		}
+		if ro == nil {
+			continue
+		}
+		ent := ro.tools[tool]
+		if ent == nil {
+			ent = ro.def
+		}
+		if ent.mode != Deny {
+			return true
+		}
+	}
+	return false
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -164,14 +165,7 @@ func keyList(m map[string]bool) string {
 	for k := range m {
 		ks = append(ks, k)
 	}
-	// Stable order for messages.
-	for i := range ks {
-		for j := i + 1; j < len(ks); j++ {
-			if ks[j] < ks[i] {
-				ks[i], ks[j] = ks[j], ks[i]
-			}
-		}
-	}
+	slices.Sort(ks) // a stable order for messages
 	return strings.Join(ks, ", ")
 }
 

@@ -254,3 +254,39 @@ func BenchmarkDecide(b *testing.B) {
 		}
 	}
 }
+
+func TestMayCall(t *testing.T) {
+	p, err := Parse("p.yaml", []byte(`version: 1
+roles:
+  default:
+    tools:
+      open: {mode: allow, constraints: ["args.a == 1"]}
+      shut: {mode: deny}
+      ask: {mode: approval_required}
+  admin:
+    default_policy: {mode: allow}
+    tools:
+      shut: {mode: deny}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		roles []string
+		tool  string
+		want  bool
+	}{
+		{nil, "open", true}, {nil, "ask", true}, {nil, "shut", false}, {nil, "unlisted", false},
+		{[]string{"admin"}, "unlisted", true}, {[]string{"admin"}, "shut", false},
+		{[]string{"nobody-knows"}, "open", true}, {[]string{"nobody-knows"}, "shut", false},
+		{[]string{"default", "admin"}, "unlisted", true},
+	} {
+		if got := p.MayCall(tc.roles, tc.tool); got != tc.want {
+			t.Errorf("MayCall(%v, %s) = %v, want %v", tc.roles, tc.tool, got, tc.want)
+		}
+	}
+	var none *Policy
+	if none.MayCall(nil, "open") {
+		t.Error("no policy: nothing may be called")
+	}
+}

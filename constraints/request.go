@@ -9,34 +9,33 @@ import (
 
 // DecodeBatchRequest decodes one `policy eval --batch` line:
 // {"role"|"roles","tool","args","ctx","context"}. It never fails: a bad
-// line yields a Request whose Invalid says why, which Decide denies.
+// line yields a Request whose Invalid says why, which Decide denies. A
+// batch has no daemon, so no session.
 func DecodeBatchRequest(line []byte) Request {
-	req, rest := DecodeRequest(line)
-	for k := range rest {
-		if req.Invalid == "" {
-			req.Invalid = fmt.Sprintf("unknown field %q", k)
-		}
+	req := DecodeRequest(line)
+	if req.Session != "" && req.Invalid == "" {
+		req.Invalid = `unknown field "session" (a batch line names no session; give "context")`
 	}
 	return req
 }
 
-// DecodeRequest decodes a call object with the fields role, roles, tool,
-// args, ctx and context; other fields are returned in rest for the caller
-// (the daemon takes "session"). Decoding is strict: duplicate keys, invalid
-// UTF-8 and oversized input set Invalid.
-func DecodeRequest(raw []byte) (req Request, rest map[string]Value) {
+// DecodeRequest decodes a call once, whole: the fields role, roles, tool,
+// args, ctx, and either context or session (whose context the daemon adds
+// to Atoms). It never fails: an unknown or wrong-typed field, a duplicate
+// key, invalid UTF-8 or oversized input sets Invalid, which Decide denies.
+func DecodeRequest(raw []byte) (req Request) {
 	if len(raw) > MaxArgsBytes+64<<10 {
 		req.Invalid = fmt.Sprintf("request is %d bytes, over the limit", len(raw))
-		return req, nil
+		return req
 	}
 	v, err := value.Decode(string(raw), value.RequestLimits)
 	if err != nil {
 		req.Invalid = "invalid JSON: " + err.Error()
-		return req, nil
+		return req
 	}
 	if v.Kind() != value.Object {
 		req.Invalid = "a request must be a JSON object"
-		return req, nil
+		return req
 	}
 	invalid := func(format string, a ...any) {
 		if req.Invalid == "" {
@@ -95,24 +94,63 @@ func DecodeRequest(raw []byte) (req Request, rest map[string]Value) {
 			}
 			req.Ctx = &m.Val
 		case "context":
-			set, err := cctx.Parse([]byte(m.Val.String()))
+			set, err := contextOf(m.Val)
 			if err != nil {
 				invalid("context: %v", err)
 				continue
 			}
 			req.Atoms = &set
-		default:
-			if rest == nil {
-				rest = map[string]Value{}
+		case "session":
+			if m.Val.Kind() != value.String || m.Val.Str() == "" {
+				invalid("session must be a non-empty string")
+				continue
 			}
-			rest[m.Key] = m.Val
+			req.Session = m.Val.Str()
+		default:
+			invalid("unknown field %q (a call has role or roles, tool, args, ctx, and context or session)", m.Key)
 		}
 	}
 	if hasRole && len(req.Roles) > 1 {
 		invalid("give role or roles, not both")
 	}
+	if req.Session != "" && req.Atoms != nil {
+		invalid("give session or context, not both")
+	}
 	if req.Tool == "" {
 		invalid("tool is required")
 	}
-	return req, rest
+	return req
+}
+
+// contextOf reads a context from the decoded request, without encoding it
+// again: an array of atoms, or a description object.
+func contextOf(v value.Value) (cctx.Set, error) {
+	switch v.Kind() {
+	case value.Array:
+		atoms := make([]string, 0, len(v.Elems()))
+		for _, e := range v.Elems() {
+			if e.Kind() != value.String {
+				return cctx.Set{}, fmt.Errorf("atoms must be strings")
+			}
+			atoms = append(atoms, e.Str())
+		}
+		return cctx.NewSet(atoms)
+	case value.Object:
+		var d cctx.Description
+		for _, m := range v.Members() {
+			field := map[string]*string{"kind": &d.Kind, "channel_id": &d.ChannelID, "guild_id": &d.GuildID, "parent_id": &d.ParentID}[m.Key]
+			switch {
+			case field != nil && m.Val.Kind() == value.String:
+				*field = m.Val.Str()
+			case m.Key == "nsfw" && m.Val.Kind() == value.Bool:
+				d.NSFW = m.Val.Bool()
+			case field != nil || m.Key == "nsfw":
+				return cctx.Set{}, fmt.Errorf("description field %q has the wrong type", m.Key)
+			default:
+				return cctx.Set{}, fmt.Errorf("description: unknown field %q", m.Key)
+			}
+		}
+		return d.Derive()
+	}
+	return cctx.Set{}, fmt.Errorf("must be an array of atoms or a description object")
 }

@@ -28,8 +28,8 @@ func ParseCond(s string) (Cond, error) {
 	return c, nil
 }
 
-// Holds reports whether the condition is true in ctx.
-func (c Cond) Holds(ctx Set) bool { return ctx.Has(c.Atom) != c.Neg }
+// Holds reports whether the condition is true in atoms.
+func (c Cond) Holds(atoms Set) bool { return atoms.Has(c.Atom) != c.Neg }
 
 func (c Cond) String() string {
 	if c.Neg {
@@ -69,18 +69,18 @@ func NewCondition(when []string, mode string) (Condition, error) {
 	return c, nil
 }
 
-// Holds evaluates the condition against ctx. It does not allocate.
-func (c Condition) Holds(ctx Set) bool {
+// Holds evaluates the condition against atoms. It does not allocate.
+func (c Condition) Holds(atoms Set) bool {
 	if c.And {
 		for _, cd := range c.Conds {
-			if !cd.Holds(ctx) {
+			if !cd.Holds(atoms) {
 				return false
 			}
 		}
 		return len(c.Conds) > 0
 	}
 	for _, cd := range c.Conds {
-		if cd.Holds(ctx) {
+		if cd.Holds(atoms) {
 			return true
 		}
 	}

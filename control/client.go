@@ -28,6 +28,18 @@ func Dial(path string) (*Client, error) {
 	return &Client{conn: c, r: bufio.NewReaderSize(c, 64<<10)}, nil
 }
 
+// DialTimeout connects to a daemon's socket within d.
+func DialTimeout(path string, d time.Duration) (*Client, error) {
+	c, err := net.DialTimeout("unix", path, d)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: c, r: bufio.NewReaderSize(c, 64<<10)}, nil
+}
+
+// SetDeadline bounds every call from now on (zero: no deadline).
+func (c *Client) SetDeadline(t time.Time) error { return c.conn.SetDeadline(t) }
+
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 

@@ -19,8 +19,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -108,6 +110,8 @@ type Server struct {
 	conns map[net.Conn]struct{}
 	done  chan struct{}
 	once  sync.Once
+	// panics counts handlers that panicked.
+	panics atomic.Int64
 }
 
 // Listen creates the socket. A socket file left by a crashed daemon is
@@ -310,7 +314,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	defer cancel()
 	for {
 		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
-		line, tooLong, err := readLine(r, MaxLine)
+		line, tooLong, err := ReadLine(r, MaxLine, false)
 		if tooLong {
 			send(response{Error: Errorf(CodeInvalidRequest, "request line over %d bytes; closing the connection", MaxLine)})
 			return
@@ -320,7 +324,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 			// taken for a request.
 			return
 		}
-		if len(trimSpace(line)) == 0 {
+		if len(bytes.TrimSpace(line)) == 0 {
 			if err != nil {
 				return
 			}
@@ -333,36 +337,6 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		if err != nil {
 			return
 		}
-	}
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-// readLine reads a line without its newline; a line over max is reported
-// as tooLong (the caller closes the connection).
-func readLine(r *bufio.Reader, max int) ([]byte, bool, error) {
-	var line []byte
-	for {
-		chunk, err := r.ReadSlice('\n')
-		if len(line)+len(chunk) > max+1 || (err == bufio.ErrBufferFull && len(line)+len(chunk) > max) {
-			return nil, true, nil
-		}
-		line = append(line, chunk...)
-		if err == bufio.ErrBufferFull {
-			continue
-		}
-		if n := len(line); n > 0 && line[n-1] == '\n' {
-			line = line[:n-1]
-		}
-		return line, false, err
 	}
 }
 
@@ -391,7 +365,7 @@ func (s *Server) handle(ctx context.Context, line []byte) (response, bool) {
 	if len(params) == 0 || string(params) == "null" {
 		params = json.RawMessage("{}")
 	}
-	result, rerr := s.opts.Handler(ctx, *req.Method, params)
+	result, rerr := s.call(ctx, *req.Method, params)
 	if req.ID == nil {
 		return response{}, false // a notification: no answer
 	}
@@ -400,6 +374,22 @@ func (s *Server) handle(ctx context.Context, line []byte) (response, bool) {
 	}
 	return response{ID: req.ID, Result: result}, true
 }
+
+// call runs the handler; a panic fails this request alone with -32603,
+// logged with its stack and counted (Panics).
+func (s *Server) call(ctx context.Context, method string, params json.RawMessage) (result any, rerr *Error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.panics.Add(1)
+			s.opts.Logger.Error("recovered a panic in a control method; it failed with -32603", "method", method, "panic", r, "stack", string(debug.Stack()))
+			result, rerr = nil, Errorf(CodeInternal, "internal error in %s: the request failed and changed nothing it could not finish; the daemon's log has the details", method)
+		}
+	}()
+	return s.opts.Handler(ctx, method, params)
+}
+
+// Panics counts the requests whose handler panicked.
+func (s *Server) Panics() int64 { return s.panics.Load() }
 
 func validID(id json.RawMessage) json.RawMessage {
 	if id == nil {
@@ -477,4 +467,53 @@ func noDuplicateKeys(data []byte) error {
 			stack = stack[:len(stack)-1]
 		}
 	}
+}
+
+// ReadLine reads one line without its end ("\n", or "\r\n"). A line over max
+// bytes (its end not counted) is reported as tooLong and never kept whole.
+// With drain, the rest of a long line is read and dropped, so that the next
+// call starts at the next line; without it the reader is left mid-line (a
+// server then closes the connection rather than read on).
+//
+// err is the reader's error after the line: a last line with no newline
+// comes with io.EOF (or a deadline's error), and nothing read at all is
+// (nil, false, err).
+func ReadLine(r *bufio.Reader, max int, drain bool) (line []byte, tooLong bool, err error) {
+	for {
+		chunk, rerr := r.ReadSlice('\n')
+		if !tooLong {
+			line = append(line, chunk...)
+			// While the line goes on, allow one byte more: a '\r' whose
+			// '\n' is in the next chunk.
+			if len(line) > max+1 && (rerr == bufio.ErrBufferFull || len(trimEnd(line)) > max) {
+				tooLong, line = true, nil
+				if !drain {
+					return nil, true, nil
+				}
+			}
+		}
+		if rerr == bufio.ErrBufferFull {
+			continue
+		}
+		if tooLong {
+			return nil, true, rerr
+		}
+		if t := trimEnd(line); len(t) > max {
+			return nil, true, rerr
+		}
+		if rerr != nil && len(line) == 0 {
+			return nil, false, rerr
+		}
+		return trimEnd(line), false, rerr
+	}
+}
+
+func trimEnd(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+	}
+	if n := len(b); n > 0 && b[n-1] == '\r' {
+		b = b[:n-1]
+	}
+	return b
 }

@@ -281,3 +281,31 @@ func TestDuplicateKeys(t *testing.T) {
 		t.Fatalf("same key in different objects: %s", got)
 	}
 }
+
+// TestPanicFailsOneRequest: a handler that panics answers -32603 for that
+// request; the connection and the server go on, and the panic is counted.
+func TestPanicFailsOneRequest(t *testing.T) {
+	s := serve(t, Options{Group: -1, Handler: func(ctx context.Context, method string, params json.RawMessage) (any, *Error) {
+		if method == "boom" {
+			panic("test fault in a control method")
+		}
+		return echo(ctx, method, params)
+	}})
+	c, err := net.Dial("unix", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	fmt.Fprintln(c, `{"jsonrpc":"2.0","id":1,"method":"boom","params":{}}`)
+	if got, _ := r.ReadString('\n'); !strings.Contains(got, "-32603") {
+		t.Fatalf("a panicking method: %s", got)
+	}
+	fmt.Fprintln(c, `{"jsonrpc":"2.0","id":2,"method":"echo","params":{"a":1}}`)
+	if got, _ := r.ReadString('\n'); !strings.Contains(got, `"result"`) {
+		t.Fatalf("after the panic: %s", got)
+	}
+	if s.Panics() != 1 {
+		t.Fatalf("%d panics counted", s.Panics())
+	}
+}

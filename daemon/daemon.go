@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,7 @@ import (
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/fsys"
+	"github.com/condfs/condfs/internal/safepath"
 )
 
 // Version is reported by status.
@@ -252,18 +254,18 @@ func (d *Daemon) mountpoint(peer uint32, mount string) (int, *control.Error) {
 	under := filepath.Dir(mount) == filepath.Clean(d.cfg.MountRoot)
 	switch {
 	case privileged(peer):
-		if err := mkdirNoSymlinks(mount, 0o755); err != nil {
+		if err := safepath.MkdirAll(mount, 0o755); err != nil {
 			return -1, control.Errorf(control.CodeMount, "create mountpoint: %v", err)
 		}
 	case under:
-		if err := mkdirNoSymlinks(d.cfg.MountRoot, 0o755); err != nil {
+		if err := safepath.MkdirAll(d.cfg.MountRoot, 0o755); err != nil {
 			return -1, control.Errorf(control.CodeMount, "create --mount-root: %v", err)
 		}
 		if err := unix.Mkdir(mount, 0o700); err != nil && err != unix.EEXIST {
 			return -1, control.Errorf(control.CodeMount, "create mountpoint %s: %v", mount, err)
 		}
 	}
-	fd, err := openNoSymlinks(mount)
+	fd, err := safepath.OpenDir(mount)
 	if err != nil {
 		return -1, control.Errorf(control.CodeMount, "mountpoint: %v", err)
 	}
@@ -281,7 +283,7 @@ func (d *Daemon) mountpoint(peer uint32, mount string) (int, *control.Error) {
 	if st.Uid != peer && !(under && st.Uid == uint32(os.Geteuid())) {
 		return fail("mountpoint %s is owned by uid %d: uid %d may mount only on an empty directory it owns, or under %s", mount, st.Uid, peer, d.cfg.MountRoot)
 	}
-	if empty, err := emptyDir(fd); err != nil || !empty {
+	if empty, err := safepath.Empty(fd); err != nil || !empty {
 		return fail("mountpoint %s must be an empty directory", mount)
 	}
 	if under && st.Uid != peer {
@@ -291,79 +293,6 @@ func (d *Daemon) mountpoint(peer uint32, mount string) (int, *control.Error) {
 		}
 	}
 	return fd, nil
-}
-
-// openNoSymlinks opens a directory as O_PATH without following a symlink
-// in any component.
-func openNoSymlinks(p string) (int, error) {
-	for {
-		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return -1, fmt.Errorf("%s: %w (no symlink may be on the way)", p, err)
-		}
-		return fd, nil
-	}
-}
-
-// mkdirNoSymlinks creates p and its missing parents, refusing a symlink in
-// any component.
-func mkdirNoSymlinks(p string, mode uint32) error {
-	p = filepath.Clean(p)
-	if fd, err := openNoSymlinks(p); err == nil {
-		unix.Close(fd)
-		return nil
-	}
-	parent := filepath.Dir(p)
-	if parent != p {
-		if err := mkdirNoSymlinks(parent, mode); err != nil {
-			return err
-		}
-	}
-	pfd, err := openNoSymlinks(parent)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(pfd)
-	if err := unix.Mkdirat(pfd, filepath.Base(p), mode); err != nil && err != unix.EEXIST {
-		return fmt.Errorf("mkdir %s: %w", p, err)
-	}
-	return nil
-}
-
-// emptyDir reports whether the directory an O_PATH fd stands for is empty.
-func emptyDir(pathFD int) (bool, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pathFD), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false, err
-	}
-	defer unix.Close(fd)
-	buf := make([]byte, 4096)
-	for {
-		n, err := unix.Getdents(fd, buf)
-		if err != nil {
-			return false, err
-		}
-		if n <= 0 {
-			return true, nil
-		}
-		for off := 0; off < n; {
-			reclen := int(buf[off+16]) | int(buf[off+17])<<8
-			name := buf[off+19 : off+reclen]
-			if i := bytes.IndexByte(name, 0); i >= 0 {
-				name = name[:i]
-			}
-			if s := string(name); s != "." && s != ".." {
-				return false, nil
-			}
-			off += reclen
-		}
-	}
 }
 
 func (d *Daemon) closeSession(id string) error {
@@ -426,6 +355,24 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		}
 	}
 	return d.configStatus()
+}
+
+// panics counts the requests that panicked and failed closed: control
+// methods, and FUSE operations of the views open now.
+func (d *Daemon) panics() map[string]int64 {
+	var fuseOps int64
+	d.mu.Lock()
+	for _, s := range d.sessions {
+		if s.view != nil {
+			fuseOps += s.view.Panics()
+		}
+	}
+	d.mu.Unlock()
+	var socket int64
+	if d.server != nil {
+		socket = d.server.Panics()
+	}
+	return map[string]int64{"control": socket, "fuse": fuseOps}
 }
 
 func (d *Daemon) configStatus() map[string]FileStatus {
@@ -594,12 +541,33 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		return ex, nil
 	case "tool.decide":
 		return d.decide(ctx, params)
+	case "tools.callable":
+		// Which of these tools could the roles ever call (a gateway leaves
+		// the others out of a listing)? Constraints are not evaluated.
+		var p struct {
+			Roles []string `json:"roles"`
+			Tools []string `json:"tools"`
+		}
+		if err := decodeParams(params, &p); err != nil {
+			return nil, err
+		}
+		if len(p.Roles) > constraints.MaxRoles || len(p.Tools) > 10000 {
+			return nil, control.Errorf(control.CodeInvalidParams, "at most %d roles and 10000 tools", constraints.MaxRoles)
+		}
+		pol := d.policy.Load()
+		callable := []string{}
+		for _, t := range p.Tools {
+			if pol.MayCall(p.Roles, t) {
+				callable = append(callable, t)
+			}
+		}
+		return map[string]any{"callable": callable}, nil
 	case "config.reload":
 		return d.Reload(true), nil
 	case "status":
-		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus()}, nil
+		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics()}, nil
 	}
-	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, config.reload, status)", method)
+	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, tools.callable, config.reload, status)", method)
 }
 
 // contextOf gives the context of a session, or an explicit one.
@@ -621,32 +589,25 @@ func (d *Daemon) contextOf(ctx context.Context, sessionID string, raw json.RawMe
 	return set, nil
 }
 
+// testDecideFault, set only by tests, runs at the start of every decision.
+var testDecideFault atomic.Pointer[func()]
+
 func (d *Daemon) decide(ctx context.Context, params json.RawMessage) (any, *control.Error) {
-	req, rest := constraints.DecodeRequest(params)
-	sessionID := ""
-	for k, v := range rest {
-		if k != "session" {
-			if req.Invalid == "" {
-				req.Invalid = fmt.Sprintf("unknown field %q", k)
-			}
-			continue
-		}
-		if v.Kind() != constraints.KindString {
-			return nil, control.Errorf(control.CodeInvalidParams, "session must be a string")
-		}
-		sessionID = v.Str()
+	if f := testDecideFault.Load(); f != nil {
+		(*f)()
 	}
-	if sessionID != "" {
-		if req.Atoms != nil {
-			return nil, control.Errorf(control.CodeInvalidParams, "give session or context, not both")
-		}
-		s, err := d.session(ctx, sessionID)
+	// Decoded once, by constraints; the daemon adds only the session's
+	// context.
+	req := constraints.DecodeRequest(params)
+	if req.Session != "" && req.Invalid == "" {
+		s, err := d.session(ctx, req.Session)
 		if err != nil {
 			return nil, err
 		}
 		set := s.view.Context()
 		req.Atoms = &set
 	}
+	sessionID := req.Session
 	dec := d.policy.Load().Decide(&req)
 	if dec.Reasons == nil {
 		dec.Reasons = []string{}

@@ -207,3 +207,29 @@ func TestDenialRateLimit(t *testing.T) {
 		t.Fatalf("%d denials remembered, limit %d", n, denialKeys)
 	}
 }
+
+// TestPanicInADecision: a decision that panics fails that call alone with
+// -32603 (never an allow), status counts it, and the next call is decided.
+func TestPanicInADecision(t *testing.T) {
+	d, _ := newDaemon(t, "", "version: 1\nroles:\n  default:\n    tools:\n      t: {mode: allow}\n")
+	c, err := control.Dial(d.cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fault := func() { panic("test fault in a decision") }
+	testDecideFault.Store(&fault)
+	err = c.Call("tool.decide", map[string]any{"tool": "t", "args": map[string]any{}}, nil)
+	testDecideFault.Store(nil)
+	if e, ok := err.(*control.Error); !ok || e.Code != control.CodeInternal {
+		t.Fatalf("a panicking decision: %v", err)
+	}
+	var dec struct{ Decision string }
+	if err := c.Call("tool.decide", map[string]any{"tool": "t", "args": map[string]any{}}, &dec); err != nil || dec.Decision != "allow" {
+		t.Fatalf("the next decision: %v %v", dec, err)
+	}
+	var st struct{ Panics map[string]int64 }
+	if err := c.Call("status", map[string]any{}, &st); err != nil || st.Panics["control"] != 1 {
+		t.Fatalf("status panics: %v %v", st.Panics, err)
+	}
+}

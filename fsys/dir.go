@@ -37,16 +37,11 @@ var (
 // OpendirHandle opens the directory the node stands for, as the caller
 // (reading a directory needs read permission on it).
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opLookup, "")
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opLookup, "")
-	if errno != 0 {
-		return nil, 0, errno
-	}
-	defer t.close()
+	defer t.leave()
 	if !t.isDir() {
 		return nil, 0, syscall.ENOTDIR
 	}

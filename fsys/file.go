@@ -216,20 +216,15 @@ func openFlags(flags uint32) int {
 // a FIFO would block the daemon, a device would run its driver for the
 // caller.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	a, errno := n.view.become(ctx)
-	if errno != 0 {
-		return nil, 0, errno
-	}
-	defer a.restore()
 	op := opLookup
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		op = opMutate
 	}
-	t, errno := n.prepare(a, op, "")
+	t, errno := n.enter(ctx, op, "")
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	defer t.close()
+	defer t.leave()
 	return n.openEntry(&t, flags)
 }
 

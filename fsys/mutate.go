@@ -45,19 +45,14 @@ func (n *node) made(ctx context.Context, t *target, out *fuse.EntryOut) (*fs.Ino
 // as an open(2) without O_CREAT would open it (through the rules and the
 // hiding rules), unless the caller asked for O_EXCL.
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opCreate, name)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opCreate, name)
-	if errno != 0 {
-		return nil, nil, 0, errno
-	}
-	defer t.close()
+	defer t.leave()
 	fd, err := unix.Openat(t.dirfd, name, openFlags(flags)|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	if err == unix.EEXIST && flags&syscall.O_EXCL == 0 {
-		e, errno := n.prepare(a, opLookup, name)
+		e, errno := n.prepare(t.as, opLookup, name)
 		if errno != 0 {
 			// There is something, and the view hides it: creating over
 			// a hidden name is a denial, whatever is there.
@@ -84,16 +79,11 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opCreate, name)
 	if errno != 0 {
 		return nil, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opCreate, name)
-	if errno != 0 {
-		return nil, errno
-	}
-	defer t.close()
+	defer t.leave()
 	if err := unix.Mkdirat(t.dirfd, name, mode); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -101,16 +91,11 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opCreate, name)
 	if errno != 0 {
 		return nil, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opCreate, name)
-	if errno != 0 {
-		return nil, errno
-	}
-	defer t.close()
+	defer t.leave()
 	if err := unix.Mknodat(t.dirfd, name, mode, int(rdev)); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -118,16 +103,11 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 }
 
 func (n *node) Symlink(ctx context.Context, link, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opCreate, name)
 	if errno != 0 {
 		return nil, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opCreate, name)
-	if errno != 0 {
-		return nil, errno
-	}
-	defer t.close()
+	defer t.leave()
 	if escapes(t.path, link) {
 		// It would be hidden at once: refuse rather than make an entry
 		// that cannot be seen.
@@ -149,16 +129,11 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) remove(ctx context.Context, name string, flags int) syscall.Errno {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opMutate, name)
 	if errno != 0 {
 		return errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opMutate, name)
-	if errno != 0 {
-		return errno
-	}
-	defer t.close()
+	defer t.leave()
 	return errnoOf(unix.Unlinkat(t.dirfd, name, flags))
 }
 
@@ -249,16 +224,11 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if fh, ok := f.(*fileHandle); ok {
 		return fh.Setattr(ctx, in, out)
 	}
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opMutate, "")
 	if errno != 0 {
 		return errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opMutate, "")
-	if errno != 0 {
-		return errno
-	}
-	defer t.close()
+	defer t.leave()
 	isLink := t.st.Mode&unix.S_IFMT == unix.S_IFLNK
 	if _, ok := in.GetSize(); ok {
 		if t.st.Mode&unix.S_IFMT != unix.S_IFREG {
@@ -407,16 +377,17 @@ func xattrAllowed(ctx context.Context, attr string, write bool) bool {
 	return false
 }
 
-// xattrTarget resolves the node for an xattr call. Symlinks carry no user
-// xattrs on Linux; they answer as the kernel would.
-func (n *node) xattrTarget(a asCaller, op opKind) (target, syscall.Errno) {
-	t, errno := n.prepare(a, op, "")
+// xattrTarget resolves the node for an xattr call, through enter. Symlinks
+// carry no user xattrs on Linux; they answer as the kernel would (EPERM
+// here, turned into each call's answer).
+func (n *node) xattrTarget(ctx context.Context, op opKind) (target, syscall.Errno) {
+	t, errno := n.enter(ctx, op, "")
 	if errno != 0 {
 		return t, errno
 	}
 	if t.st.Mode&unix.S_IFMT == unix.S_IFLNK {
-		t.close()
-		return t, syscall.EPERM
+		t.leave()
+		return target{dirfd: -1, fd: -1}, syscall.EPERM
 	}
 	return t, 0
 }
@@ -425,35 +396,25 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if !xattrAllowed(ctx, attr, false) {
 		return 0, syscall.ENODATA
 	}
-	a, errno := n.view.become(ctx)
-	if errno != 0 {
-		return 0, errno
-	}
-	defer a.restore()
-	t, errno := n.xattrTarget(a, opLookup)
+	t, errno := n.xattrTarget(ctx, opLookup)
 	if errno == syscall.EPERM {
 		return 0, syscall.ENODATA
 	} else if errno != 0 {
 		return 0, errno
 	}
-	defer t.close()
+	defer t.leave()
 	sz, err := unix.Getxattr(procPath(t.fd), attr, dest)
 	return uint32(sz), errnoOf(err)
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	a, errno := n.view.become(ctx)
-	if errno != 0 {
-		return 0, errno
-	}
-	defer a.restore()
-	t, errno := n.xattrTarget(a, opLookup)
+	t, errno := n.xattrTarget(ctx, opLookup)
 	if errno == syscall.EPERM {
 		return 0, 0
 	} else if errno != 0 {
 		return 0, errno
 	}
-	defer t.close()
+	defer t.leave()
 	sz, err := unix.Listxattr(procPath(t.fd), nil)
 	if err != nil {
 		return 0, errnoOf(err)
@@ -482,16 +443,11 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if !xattrAllowed(ctx, attr, true) {
 		return syscall.EPERM
 	}
-	a, errno := n.view.become(ctx)
+	t, errno := n.xattrTarget(ctx, opMutate)
 	if errno != 0 {
 		return errno
 	}
-	defer a.restore()
-	t, errno := n.xattrTarget(a, opMutate)
-	if errno != 0 {
-		return errno
-	}
-	defer t.close()
+	defer t.leave()
 	return errnoOf(unix.Setxattr(procPath(t.fd), attr, data, int(flags)))
 }
 
@@ -499,15 +455,10 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if !xattrAllowed(ctx, attr, true) {
 		return syscall.EPERM
 	}
-	a, errno := n.view.become(ctx)
+	t, errno := n.xattrTarget(ctx, opMutate)
 	if errno != 0 {
 		return errno
 	}
-	defer a.restore()
-	t, errno := n.xattrTarget(a, opMutate)
-	if errno != 0 {
-		return errno
-	}
-	defer t.close()
+	defer t.leave()
 	return errnoOf(unix.Removexattr(procPath(t.fd), attr))
 }

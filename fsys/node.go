@@ -66,6 +66,10 @@ func (n *node) path() (p string, ok bool) {
 	return b.String(), true
 }
 
+// testFault, set only by tests, runs at the choke point of every operation:
+// a test makes it panic to prove that one failing request stays alone.
+var testFault func(op opKind, name string)
+
 // opKind is what an operation does with what it names. The choke point
 // decides by it, and it names the audit record.
 type opKind uint8
@@ -93,6 +97,7 @@ func (o opKind) String() string {
 
 // target is what one operation names, resolved through the choke point.
 type target struct {
+	as    asCaller // what enter did to the thread's credentials
 	b     *backing
 	path  string // canonical path in the space
 	snap  snapshot
@@ -114,6 +119,28 @@ func (t *target) close() {
 	}
 }
 
+// enter is how a node operation starts: admit the caller and act as it
+// (become), then resolve what the operation names (prepare). On success the
+// operation must call leave.
+func (n *node) enter(ctx context.Context, op opKind, name string) (target, syscall.Errno) {
+	a, errno := n.view.become(ctx)
+	if errno != 0 {
+		return target{dirfd: -1, fd: -1}, errno
+	}
+	t, errno := n.prepare(a, op, name)
+	t.as = a
+	if errno != 0 {
+		a.restore()
+	}
+	return t, errno
+}
+
+// leave ends what enter began.
+func (t *target) leave() {
+	t.close()
+	t.as.restore()
+}
+
 func (t *target) isDir() bool { return t.st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
 // prepare is the single choke point of every operation on a node: n itself
@@ -129,6 +156,9 @@ func (t *target) isDir() bool { return t.st.Mode&unix.S_IFMT == unix.S_IFDIR }
 // On success the caller owns t and must close it.
 func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno syscall.Errno) {
 	t.dirfd, t.fd = -1, -1
+	if testFault != nil {
+		testFault(op, name)
+	}
 	dir, ok := n.path()
 	if !ok {
 		return t, syscall.ENOENT
@@ -263,16 +293,11 @@ var (
 // Lookup finds a child: one openat2 and one fstat (a missing name, the
 // common case before a create, costs one syscall).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opLookup, name)
 	if errno != 0 {
 		return nil, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opLookup, name)
-	if errno != 0 {
-		return nil, errno
-	}
-	defer t.close()
+	defer t.leave()
 	return n.newChild(ctx, &t.st, out), 0
 }
 
@@ -280,31 +305,21 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	if fh, ok := f.(*fileHandle); ok {
 		return fh.Getattr(ctx, out)
 	}
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opLookup, "")
 	if errno != 0 {
 		return errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opLookup, "")
-	if errno != 0 {
-		return errno
-	}
-	defer t.close()
+	defer t.leave()
 	out.FromStat(toSyscall(&t.st))
 	return 0
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	a, errno := n.view.become(ctx)
+	t, errno := n.enter(ctx, opLookup, "")
 	if errno != 0 {
 		return nil, errno
 	}
-	defer a.restore()
-	t, errno := n.prepare(a, opLookup, "")
-	if errno != 0 {
-		return nil, errno
-	}
-	defer t.close()
+	defer t.leave()
 	if t.st.Mode&unix.S_IFMT != unix.S_IFLNK {
 		return nil, syscall.EINVAL
 	}

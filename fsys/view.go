@@ -45,6 +45,7 @@ import (
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/internal/safepath"
 )
 
 // Rules gives the current path-rule snapshot. An atomic.Pointer[acl.Config]
@@ -99,6 +100,7 @@ type View struct {
 	server      *fuse.Server
 	devFD       int         // our own dup of the /dev/fuse fd, for notifications
 	mntID       uint64      // the kernel's id of our mount, to unmount exactly it
+	fusermount  bool        // mounted by fusermount3 (a daemon that is not root)
 	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
 	switchCreds bool        // root: act as each caller
 	groups      groupCache
@@ -114,6 +116,8 @@ type View struct {
 
 	// reads counts READ requests the daemon served.
 	reads atomic.Int64
+	// panics counts FUSE operations that panicked (and failed with EIO).
+	panics atomic.Int64
 }
 
 // views are every live view of this process: a rename through one of them
@@ -198,7 +202,7 @@ func newView(opts Options) (*View, error) {
 		},
 		RootStableAttr: &fs.StableAttr{Ino: 1},
 	}
-	v.rawFS = fs.NewNodeFS(v.root, v.fsOpts)
+	v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), v: v}
 	return v, nil
 }
 
@@ -260,38 +264,43 @@ func revokeAll() {
 	}
 }
 
-// mount does the mount(2) itself so that it holds the /dev/fuse fd (to send
-// FUSE_NOTIFY_INC_EPOCH, which go-fuse has no call for), and hands go-fuse
-// the connection as "/dev/fd/N". Without the privilege to mount, it falls
-// back to fusermount and per-entry invalidation.
+// mount mounts the view and keeps the /dev/fuse fd (to send
+// FUSE_NOTIFY_INC_EPOCH, which go-fuse has no call for), handing go-fuse the
+// connection as "/dev/fd/N". A root daemon calls mount(2) itself; without
+// the privilege to (or to open /dev/fuse), fusermount3 mounts and passes the
+// fd back over a socket (_FUSE_COMMFD), as libfuse does, so a non-root daemon
+// holds it too.
 func (v *View) mount() error {
 	mp := v.opts.Mountpoint
 	rawFS, fsOpts := v.rawFS, v.fsOpts
 	fd, err := v.mountDirect(&fsOpts.MountOptions)
-	var server *fuse.Server
-	if err == nil {
-		dup, derr := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
-		if derr != nil {
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		v.log.Debug("no privilege to mount directly; using fusermount3", "mountpoint", mp, "err", err)
+		fd, err = mountFusermount(mp, fsOpts.AllowOther)
+		v.fusermount = err == nil
+	}
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", mp, err)
+	}
+	undo := func() {
+		if v.fusermount {
+			fusermountUnmount(mp)
+		} else {
 			unix.Unmount(mp, unix.MNT_DETACH)
-			unix.Close(fd)
-			return fmt.Errorf("mount %s: dup /dev/fuse: %w", mp, derr)
 		}
-		v.devFD = dup
-		server, err = fuse.NewServer(rawFS, fmt.Sprintf("/dev/fd/%d", fd), &fsOpts.MountOptions)
-		if err != nil {
-			unix.Unmount(mp, unix.MNT_DETACH)
-			unix.Close(fd)
-			unix.Close(dup)
-			v.devFD = -1
-			return fmt.Errorf("mount %s: %w", mp, err)
-		}
-	} else if errors.Is(err, unix.EPERM) {
-		v.log.Warn("no privilege to mount directly; using fusermount, with slower cache invalidation", "mountpoint", mp)
-		server, err = fuse.NewServer(rawFS, mp, &fsOpts.MountOptions)
-		if err != nil {
-			return fmt.Errorf("mount %s: %w", mp, err)
-		}
-	} else {
+		unix.Close(fd)
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		undo()
+		return fmt.Errorf("mount %s: dup /dev/fuse: %w", mp, err)
+	}
+	v.devFD = dup
+	server, err := fuse.NewServer(rawFS, fmt.Sprintf("/dev/fd/%d", fd), &fsOpts.MountOptions)
+	if err != nil {
+		undo()
+		unix.Close(dup)
+		v.devFD = -1
 		return fmt.Errorf("mount %s: %w", mp, err)
 	}
 	v.server = server
@@ -312,7 +321,9 @@ func (v *View) mount() error {
 		v.mntID = id
 	}
 	// Probe the epoch notification once; older kernels answer EINVAL.
-	if v.devFD >= 0 {
+	// CONDFS_INVALIDATION=entries forces the per-entry path, as on those
+	// kernels (so that it can be tested and compared anywhere).
+	if v.devFD >= 0 && os.Getenv("CONDFS_INVALIDATION") != "entries" {
 		err := v.incEpoch()
 		v.epoch.Store(err == nil)
 		if err != nil {
@@ -326,7 +337,7 @@ func (v *View) mount() error {
 func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
 	mpfd := v.opts.MountFD
 	if mpfd <= 0 {
-		fd, err := openNoSymlinks(v.opts.Mountpoint)
+		fd, err := safepath.OpenDir(v.opts.Mountpoint)
 		if err != nil {
 			return -1, err
 		}
@@ -360,27 +371,9 @@ func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
 	return fd, nil
 }
 
-// openNoSymlinks opens a directory as O_PATH without following a symlink
-// in any component.
-func openNoSymlinks(p string) (int, error) {
-	for {
-		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-		})
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return -1, fmt.Errorf("%s: %w (no symlink may be on the way)", p, err)
-		}
-		return fd, nil
-	}
-}
-
 // mountID is the kernel's id of the mount whose root is at p.
 func mountID(p string) (uint64, error) {
-	fd, err := openNoSymlinks(p)
+	fd, err := safepath.OpenDir(p)
 	if err != nil {
 		return 0, err
 	}
@@ -468,6 +461,10 @@ func (v *View) invalidateEntries(dir *fs.Inode) {
 	}
 }
 
+// Panics counts the FUSE operations that panicked; each failed with EIO
+// and nothing else was affected.
+func (v *View) Panics() int64 { return v.panics.Load() }
+
 // DaemonReads counts READ requests the daemon served (page-cache hits never
 // reach it).
 func (v *View) DaemonReads() int64 { return v.reads.Load() }
@@ -520,7 +517,7 @@ func (v *View) closeBacking() {
 
 func (v *View) unmountOwn() error {
 	mp := v.opts.Mountpoint
-	fd, err := openNoSymlinks(mp)
+	fd, err := safepath.OpenDir(mp)
 	if err != nil {
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
@@ -531,6 +528,11 @@ func (v *View) unmountOwn() error {
 	}
 	if stx.Mnt_id != v.mntID {
 		return fmt.Errorf("unmount %s: the mount there is not this view's (mount id %d, ours %d); left alone", mp, stx.Mnt_id, v.mntID)
+	}
+	if v.fusermount {
+		// fusermount3 resolves the path itself, with the daemon's own
+		// (unprivileged) authority.
+		return fusermountUnmount(mp)
 	}
 	if e := unix.Unmount(procPath(fd), 0); e != nil {
 		if e2 := unix.Unmount(procPath(fd), unix.MNT_DETACH); e2 != nil && e2 != unix.EINVAL {

@@ -9,9 +9,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -476,4 +478,78 @@ func TestOnlyTheOwnerEnters(t *testing.T) {
 	mem := f.node("memories")
 	_, errno = mem.Lookup(other, "a.md", &out)
 	f.wantErrno("another uid's lookup below", errno, syscall.EACCES)
+}
+
+// TestPanicFailsOneRequest: a panic inside an operation fails that request
+// with EIO, is counted, and the next request is served.
+func TestPanicFailsOneRequest(t *testing.T) {
+	f := newFixture(t, "", dm)
+	f.write("a.md", "a")
+	testFault = func(op opKind, name string) {
+		if name == "boom" {
+			panic("test fault in " + op.String())
+		}
+	}
+	defer func() { testFault = nil }()
+	var out fuse.EntryOut
+	// Requests from the view's owner (this test's uid).
+	caller := fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}, Pid: uint32(os.Getpid())}
+	hdr := &fuse.InHeader{NodeId: 1, Caller: caller}
+	if st := f.v.rawFS.Lookup(nil, hdr, "memories", &out); !st.Ok() {
+		t.Fatalf("lookup memories: %v", st)
+	}
+	mem := &fuse.InHeader{NodeId: out.NodeId, Caller: caller}
+	if st := f.v.rawFS.Lookup(nil, mem, "boom", &out); st != fuse.EIO {
+		t.Fatalf("a panicking lookup answered %v, want EIO", st)
+	}
+	if n := f.v.Panics(); n != 1 {
+		t.Fatalf("%d panics counted", n)
+	}
+	if st := f.v.rawFS.Lookup(nil, mem, "a.md", &out); !st.Ok() {
+		t.Fatalf("the next lookup: %v", st)
+	}
+}
+
+// TestSwitchesDuringReloads runs context switches, reloads and lookups at
+// once (go test -race checks the view's shared state: the context, the
+// epoch flag, the handle set and the authority generation).
+func TestSwitchesDuringReloads(t *testing.T) {
+	f := newFixture(t, testRules, dm)
+	f.write("private/p.md", "p")
+	f.write("notes/public.md", "n")
+	fh, _, errno := f.node("memories", "notes", "public.md").Open(context.Background(), syscall.O_RDONLY)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	defer fh.(*fileHandle).Release(context.Background())
+	cfgs := []*acl.Config{f.rules.Load(), acl.Empty()}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				switch g {
+				case 0:
+					f.v.SetContext([]cctx.Set{dm, guild}[i%2])
+				case 1:
+					f.rules.Store(cfgs[i%2])
+					f.v.Invalidate()
+				case 2:
+					var out fuse.EntryOut
+					f.v.root.Lookup(context.Background(), "memories", &out)
+					fh.(*fileHandle).Read(context.Background(), make([]byte, 4), 0)
+				}
+			}
+		}(g)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(done)
+	wg.Wait()
 }

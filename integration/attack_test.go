@@ -426,3 +426,36 @@ func TestAttackStaleDirectoryHandle(t *testing.T) {
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// Class 10 (lower): the daemon opened backing files as root, so a 0700
+// directory above the backing root, which keeps uid 65534 out natively, did
+// not keep it out of the view.
+func TestAttackAncestorsAboveTheBackingRoot(t *testing.T) {
+	h := openHome(t, "")
+	f := h.write("workspace/f.txt", "behind a closed door")
+	os.Chmod(f, 0o644)
+	d := startDaemon(t, h)
+	// The view lives outside the home, so that closing the home closes
+	// only the backing tree's ancestors, not the way to the view.
+	mnt, err := os.MkdirTemp("", "condfs-view")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(mnt, 0o755)
+	defer os.RemoveAll(mnt)
+	d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": []string{"tui"}, "owner": nobody}, nil)
+	defer d.call("session.close", map[string]any{"id": "s"}, nil)
+	if out := asNobody(t, "cat", mnt+"/workspace/f.txt"); !strings.HasPrefix(out, "read") {
+		t.Fatalf("before: %s", out)
+	}
+	if err := os.Chmod(h.root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(h.root, 0o755)
+	if out := asNobody(t, "cat", h.path("workspace/f.txt")); out != "errno EACCES" {
+		t.Fatalf("natively: %s", out)
+	}
+	if out := asNobody(t, "cat", mnt+"/workspace/f.txt"); strings.HasPrefix(out, "read") {
+		t.Fatalf("through the view, past a 0700 ancestor: %s", out)
+	}
+}

@@ -18,7 +18,8 @@ import (
 const ctlUsage = `Usage: condfs ctl [--socket PATH] [--json] COMMAND ...
 
 Commands (one per control method):
-  open ID MOUNT --context ATOM...     session.open: mount a view for a new session
+  open ID MOUNT --context ATOM... [--owner UID] [--allow-uid UID]...
+                                      session.open: mount a view for a new session
   close ID                            session.close: unmount it
   list                                session.list
   context ID [ATOM... | JSON]         context.get, or context.set with atoms
@@ -46,6 +47,8 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 	tool := fs.String("tool", "", "the tool (decide)")
 	argsJSON := fs.String("args", "{}", "the call's arguments, a JSON object (decide)")
 	ctxJSON := fs.String("ctx", "", "caller attributes, a JSON object (decide)")
+	owner := fs.Int("owner", -1, "the uid the view serves (open; root or the daemon's uid only)")
+	letIn := fs.UintSlice("allow-uid", nil, "another uid let into the view (open; root or the daemon's uid only); repeat")
 	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage+"\nFlags:\n"+fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -56,6 +59,28 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 	rest := fs.Args()
 	if len(rest) == 0 {
 		fs.Usage()
+		return exitError{exitUsage}
+	}
+	// Each subcommand takes only its own flags: a flag that would be
+	// ignored (ctl list --tool x) is a usage error, never silence.
+	own := map[string][]string{
+		"open": {"context", "owner", "allow-uid"}, "blocks": {"context"}, "check": {"context"},
+		"decide": {"session", "role", "tool", "args", "ctx"},
+	}
+	bad := ""
+	fs.Visit(func(f *pflag.Flag) {
+		if f.Name == "socket" || f.Name == "json" || bad != "" {
+			return
+		}
+		for _, ok := range own[rest[0]] {
+			if f.Name == ok {
+				return
+			}
+		}
+		bad = f.Name
+	})
+	if bad != "" {
+		fmt.Fprintf(stderr, "condfs ctl %s does not take --%s (see condfs ctl --help)\n", rest[0], bad)
 		return exitError{exitUsage}
 	}
 	need := func(n int, form string) error {
@@ -87,7 +112,14 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("mountpoint %s: %v", rest[2], err)
 		}
-		method, params = "session.open", map[string]any{"id": rest[1], "mount": mnt, "context": c}
+		p := map[string]any{"id": rest[1], "mount": mnt, "context": c}
+		if *owner >= 0 {
+			p["owner"] = *owner
+		}
+		if len(*letIn) > 0 {
+			p["allow_uids"] = *letIn
+		}
+		method, params = "session.open", p
 	case "close":
 		if err := need(2, "close ID"); err != nil {
 			return err

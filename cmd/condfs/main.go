@@ -36,6 +36,8 @@ func commands() []command {
 		{"policy", "lint a tool policy or decide calls against it, offline", runPolicy},
 		{"acl", "check a path against conditions.toml, offline", runACL},
 		{"blocks", "list the prompt blocks a context selects, offline", runBlocks},
+		{"hook", "enforce the policy in an agent runtime's hook (claude-code)", runHook},
+		{"mcp", "enforce the policy between an MCP client and server (proxy)", runMCP},
 		{"help", "show this help", nil},
 	}
 }

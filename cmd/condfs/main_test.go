@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -63,4 +64,20 @@ func writeFile(t testing.TB, dir, name, text string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestCtlFlagsBelongToTheirCommand: a flag another subcommand owns is a
+// usage error, never ignored (the socket is not even dialled).
+func TestCtlFlagsBelongToTheirCommand(t *testing.T) {
+	for _, args := range [][]string{
+		{"ctl", "--socket", "/nonexistent", "list", "--tool", "x"},
+		{"ctl", "--socket", "/nonexistent", "close", "s", "--context", "tui"},
+		{"ctl", "--socket", "/nonexistent", "open", "s", "/m", "--context", "tui", "--role", "r"},
+		{"ctl", "--socket", "/nonexistent", "status", "--session", "s"},
+	} {
+		r := condfs(t, nil, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "does not take --") {
+			t.Errorf("%v: exit %d, %q", args, r.code, r.stderr)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/control"
 )
 
 func runPolicy(args []string, stdout, stderr io.Writer) error {
@@ -161,8 +162,8 @@ func evalBatch(p *constraints.Policy, stdin io.Reader, stdout io.Writer) error {
 	out := bufio.NewWriterSize(stdout, 1<<16)
 	defer out.Flush()
 	for lineNo := 1; ; lineNo++ {
-		line, tooLong, err := readLine(in, maxBatchLine)
-		if err == io.EOF && line == nil {
+		line, tooLong, err := control.ReadLine(in, maxBatchLine, true)
+		if line == nil && !tooLong && err == io.EOF {
 			return out.Flush()
 		}
 		if err != nil && err != io.EOF {
@@ -183,40 +184,3 @@ func evalBatch(p *constraints.Policy, stdin io.Reader, stdout io.Writer) error {
 
 // maxBatchLine bounds one request line: 1 MiB of args plus the rest.
 const maxBatchLine = 2 << 20
-
-// readLine reads one line without its newline. A line longer than max is
-// consumed and reported as tooLong.
-func readLine(r *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
-	for {
-		chunk, err := r.ReadSlice('\n')
-		if len(line)+len(chunk) > max+1 {
-			tooLong = true
-		} else {
-			line = append(line, chunk...)
-		}
-		switch err {
-		case bufio.ErrBufferFull:
-			continue
-		case nil:
-			return trimEOL(line), tooLong, nil
-		default:
-			if len(line) == 0 && !tooLong {
-				return nil, false, err
-			}
-			return trimEOL(line), tooLong, nil
-		}
-	}
-}
-
-func trimEOL(b []byte) []byte {
-	if n := len(b); n > 0 && b[n-1] == '\n' {
-		b = b[:n-1]
-	}
-	if n := len(b); n > 0 && b[n-1] == '\r' {
-		b = b[:n-1]
-	}
-	if b == nil {
-		b = []byte{}
-	}
-	return b
-}

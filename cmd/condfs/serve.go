@@ -17,7 +17,20 @@ import (
 	"github.com/condfs/condfs/daemon"
 )
 
-const defaultSocket = "/run/condfs/condfs.sock"
+// runDir is where the daemon keeps its socket and, for peers, views: /run/condfs
+// for root, $XDG_RUNTIME_DIR/condfs for an ordinary user (who cannot
+// write /run), else a per-uid directory under the temporary directory.
+func runDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/condfs"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "condfs")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("condfs-%d", os.Geteuid()))
+}
+
+var defaultSocket = filepath.Join(runDir(), "condfs.sock")
 
 func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("serve", "condfs serve --root DIR [--socket PATH] [--mount DIR --context ATOM...]",
@@ -32,7 +45,7 @@ unmount every view and remove the socket.`, stderr)
 	blocks := fs.String("blocks-dir", "", "prompt blocks folder (default ROOT/blocks/conditional)")
 	memories := fs.String("memories", "", "backing directory of memories/ (default ROOT/memories)")
 	workspace := fs.String("workspace", "", "backing directory of workspace/ (default ROOT/workspace)")
-	socket := fs.String("socket", defaultSocket, "control socket path")
+	socket := fs.String("socket", defaultSocket, "control socket path (root: /run/condfs/condfs.sock; others: $XDG_RUNTIME_DIR/condfs/condfs.sock)")
 	socketMode := fs.String("socket-mode", "0600", "socket file mode (octal)")
 	socketGroup := fs.String("socket-group", "", "socket file group (name or id)")
 	allowUIDs := fs.UintSlice("allow-uid", nil, "a uid besides the daemon's and root allowed on the socket; repeat")
@@ -41,7 +54,7 @@ unmount every view and remove the socket.`, stderr)
 	audit := fs.String("audit", "", "audit log file, JSON lines (default: the log on stderr)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	allowOther := fs.Bool("allow-other", os.Geteuid() == 0, "let users other than the daemon's reach the views (root only: the daemon then acts as each caller; each view still admits only its owner)")
-	mountRoot := fs.String("mount-root", "/run/condfs/views", "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
+	mountRoot := fs.String("mount-root", filepath.Join(runDir(), "views"), "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
 	maxConns := fs.Int("max-conns", 1024, "most control connections served at once")
 	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
 	if err := parseFlags(fs, args); err != nil {

@@ -94,7 +94,7 @@ func (n *Call) Pos() int    { return n.P }
 func (n *When) Pos() int    { return n.P }
 func (n *Quant) Pos() int   { return n.P }
 func (n *Lit) Pos() int     { return n.P }
-func (n *Path) Pos() int    { return n.P }
+func (p *Path) Pos() int    { return p.P }
 func (n *Count) Pos() int   { return n.P }
 
 func (*Binary) node()  {}

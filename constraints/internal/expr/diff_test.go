@@ -290,7 +290,7 @@ func (g *gen) operand(quant int) string {
 	case 0:
 		return g.literal(0)
 	case 1:
-		return "count(" + g.path(quant) + ")"
+		return "count(" + g.path(0) + ")" // count takes a path, never the element
 	}
 	return g.path(quant)
 }

@@ -399,6 +399,11 @@ func (p *parser) operand() Operand {
 				if p.peekParen() {
 					p.next()
 					p.expect(tLParen, "'('")
+					if p.tok.kind == tElem {
+						// The grammar's count takes a path, never the
+						// current element: count(path) only.
+						p.fail(p.tok.pos, "count takes a path such as args.to; count(.) is not in the language")
+					}
 					arg := p.path()
 					p.expect(tRParen, "')' (count takes one argument)")
 					return &Count{Arg: arg, P: t.pos}

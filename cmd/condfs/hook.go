@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/condfs/condfs/control"
+)
+
+// maxHookInput bounds the hook's stdin: a tool call's input (a file
+// written whole by Write) is the largest part.
+const maxHookInput = 8 << 20
+
+// runHook is `condfs hook claude-code`: a Claude Code PreToolUse hook that
+// decides each tool call through the daemon. Claude Code lets a call
+// through when a hook crashes or exits unexpectedly, so this command never
+// does either: every failure prints a deny with its reason and exits 0.
+func runHook(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "claude-code" {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			fmt.Fprintln(stdout, "Usage: condfs hook claude-code [--socket S] (--session ID | --context ATOM...) [--role R]... [--timeout 2s]")
+			return nil
+		}
+		fmt.Fprintln(stderr, "condfs hook: usage: condfs hook claude-code [--socket S] (--session ID | --context ATOM...) [--role R]...")
+		return exitError{exitUsage}
+	}
+	fs := newFlags("hook claude-code",
+		"condfs hook claude-code [--socket S] (--session ID | --context ATOM...) [--role R]... [--timeout 2s]",
+		`A Claude Code PreToolUse hook: reads the hook's JSON on stdin, decides tool_name with
+tool_input as args through the daemon (tool.decide), and prints the permission decision
+(allow, deny, or ask for approval_required). Any failure is a deny, with exit status 0.`, stderr)
+	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	session := fs.String("session", "", "the condfs session whose context when() tests")
+	atoms := fs.StringArray("context", nil, "the context, when there is no session: an atom (repeat) or a JSON description")
+	roles := fs.StringArray("role", nil, "a caller role; repeat")
+	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the daemon")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	if (*session == "") == (len(*atoms) == 0) {
+		return usageErr(stderr, fs, "give --session or --context (one of them)")
+	}
+	var ctxParam []string
+	if len(*atoms) > 0 {
+		set, err := parseContextFlags(*atoms)
+		if err != nil {
+			return usageErr(stderr, fs, "--context: %v", err)
+		}
+		ctxParam = set.Atoms()
+	}
+	decision, reason := hookDecide(os.Stdin, *socket, *session, ctxParam, *roles, *timeout)
+	out, _ := json.Marshal(map[string]any{"hookSpecificOutput": map[string]any{
+		"hookEventName":            "PreToolUse",
+		"permissionDecision":       decision,
+		"permissionDecisionReason": reason,
+	}})
+	fmt.Fprintf(stdout, "%s\n", out)
+	return nil
+}
+
+// hookDecide returns allow, deny or ask with a reason; it never panics.
+func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, timeout time.Duration) (decision, reason string) {
+	defer func() {
+		if r := recover(); r != nil {
+			decision, reason = "deny", fmt.Sprintf("condfs: internal error (%v); denied", r)
+		}
+	}()
+	deny := func(format string, a ...any) (string, string) {
+		return "deny", "condfs: " + fmt.Sprintf(format, a...)
+	}
+	data, err := io.ReadAll(io.LimitReader(stdin, maxHookInput+1))
+	if err != nil {
+		return deny("cannot read the hook input: %v", err)
+	}
+	if len(data) > maxHookInput {
+		return deny("the hook input is over %d bytes", maxHookInput)
+	}
+	var in struct {
+		Event     *string         `json:"hook_event_name"`
+		ToolName  *string         `json:"tool_name"`
+		ToolInput json.RawMessage `json:"tool_input"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&in); err != nil {
+		return deny("malformed hook input: %v", err)
+	}
+	switch {
+	case in.Event == nil || *in.Event != "PreToolUse":
+		ev := "none"
+		if in.Event != nil {
+			ev = *in.Event
+		}
+		return deny("this hook decides PreToolUse events, not %q", ev)
+	case in.ToolName == nil || *in.ToolName == "":
+		return deny("the hook input has no tool_name")
+	case len(in.ToolInput) == 0 || in.ToolInput[0] != '{':
+		return deny("tool_input must be a JSON object")
+	}
+	params := map[string]any{"tool": *in.ToolName, "args": in.ToolInput}
+	if session != "" {
+		params["session"] = session
+	} else {
+		params["context"] = atoms
+	}
+	if len(roles) > 0 {
+		params["roles"] = roles
+	}
+	c, err := control.DialTimeout(socket, timeout)
+	if err != nil {
+		return deny("the daemon at %s is unreachable (%v); denied", socket, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	var res struct {
+		Decision string   `json:"decision"`
+		Reasons  []string `json:"reasons"`
+	}
+	if err := c.Call("tool.decide", params, &res); err != nil {
+		var ce *control.Error
+		if errors.As(err, &ce) {
+			return deny("the daemon refused the call: %s", ce.Message)
+		}
+		return deny("no decision from the daemon (%v); denied", err)
+	}
+	why := strings.Join(res.Reasons, "; ")
+	switch res.Decision {
+	case "allow":
+		return "allow", "condfs: allowed by policy"
+	case "approval_required":
+		return "ask", "condfs: the policy requires approval for " + *in.ToolName
+	case "deny":
+		if why == "" {
+			why = "denied by policy"
+		}
+		return "deny", "condfs: denied by policy: " + why
+	}
+	return deny("unknown decision %q; denied", res.Decision)
+}

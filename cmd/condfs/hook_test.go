@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startServe runs condfs serve with no view (tool decisions need none)
+// over a root whose policy is policyFile; it returns the socket path.
+func startServe(t *testing.T, policyFile string) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	data, err := os.ReadFile(policyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, root, "config/policy.yaml", string(data))
+	sock := filepath.Join(root, "run", "condfs.sock")
+	cmd := exec.Command(condfsBin, "serve", "--root", root, "--socket", sock, "--log-level", "error")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			return sock
+		}
+		if i > 500 {
+			t.Fatal("condfs serve did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type hookOut struct {
+	HookSpecificOutput struct {
+		HookEventName            string `json:"hookEventName"`
+		PermissionDecision       string `json:"permissionDecision"`
+		PermissionDecisionReason string `json:"permissionDecisionReason"`
+	} `json:"hookSpecificOutput"`
+}
+
+func runHookCmd(t *testing.T, sock string, payload []byte) (hookOut, result) {
+	t.Helper()
+	r := condfs(t, payload, "hook", "claude-code", "--socket", sock, "--context", "tui")
+	var out hookOut
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("hook output is not JSON: %q %q", r.stdout, r.stderr)
+	}
+	return out, r
+}
+
+// TestClaudeCodeHook: recorded PreToolUse payloads for each built-in tool
+// and MCP tools, decided by the example policy through a real daemon; every
+// failure (malformed input, another event, a daemon that is down) is a
+// deny with exit status 0, since Claude Code lets a call through when a
+// hook crashes.
+func TestClaudeCodeHook(t *testing.T) {
+	sock := startServe(t, "../../examples/claude-code/policy.yaml")
+	for _, tc := range []struct{ file, want, reason string }{
+		{"bash-ls.json", "ask", "approval"},
+		{"bash-rm.json", "deny", "matches(args.command"},
+		{"read-inside.json", "allow", "allowed"},
+		{"read-outside.json", "deny", "startswith(args.file_path"},
+		{"write-dotdot.json", "deny", "contains(args.file_path"},
+		{"edit-inside.json", "allow", "allowed"},
+		{"webfetch-acme.json", "allow", "allowed"},
+		{"webfetch-evil.json", "deny", "matches(args.url"},
+		{"mcp-create-issue.json", "ask", "mcp__github__create_issue"},
+		{"mcp-unknown.json", "deny", "denied"},
+		{"post-tool-use.json", "deny", "PreToolUse"},
+		{"malformed.json", "deny", "malformed"},
+	} {
+		payload, err := os.ReadFile(filepath.Join("testdata/claude-code", tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, r := runHookCmd(t, sock, payload)
+		d := out.HookSpecificOutput
+		if r.code != 0 || d.HookEventName != "PreToolUse" || d.PermissionDecision != tc.want || !strings.Contains(d.PermissionDecisionReason, tc.reason) {
+			t.Errorf("%s: exit %d, %+v; want %s with %q", tc.file, r.code, d, tc.want, tc.reason)
+		}
+	}
+	// The daemon is down: deny, exit 0.
+	payload, _ := os.ReadFile("testdata/claude-code/read-inside.json")
+	out, r := runHookCmd(t, filepath.Join(t.TempDir(), "nobody-here.sock"), payload)
+	if r.code != 0 || out.HookSpecificOutput.PermissionDecision != "deny" || !strings.Contains(out.HookSpecificOutput.PermissionDecisionReason, "unreachable") {
+		t.Errorf("daemon down: exit %d, %+v", r.code, out.HookSpecificOutput)
+	}
+	// A daemon that never answers: deny once --timeout passes.
+	silent := filepath.Join(t.TempDir(), "silent.sock")
+	ln, err := net.Listen("unix", silent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	start := time.Now()
+	r = condfs(t, payload, "hook", "claude-code", "--socket", silent, "--context", "tui", "--timeout", "300ms")
+	if r.code != 0 || !strings.Contains(r.stdout, `"permissionDecision":"deny"`) || time.Since(start) > 10*time.Second {
+		t.Errorf("silent daemon: exit %d, %s", r.code, r.stdout)
+	}
+	// Empty input.
+	out, r = runHookCmd(t, sock, nil)
+	if r.code != 0 || out.HookSpecificOutput.PermissionDecision != "deny" {
+		t.Errorf("empty input: exit %d, %+v", r.code, out.HookSpecificOutput)
+	}
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/mcpproxy"
+)
+
+// runMCP is `condfs mcp proxy`: an MCP stdio gateway that decides every
+// tools/call through the daemon (package mcpproxy).
+func runMCP(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "proxy" {
+		fmt.Fprintln(stderr, "condfs mcp: usage: condfs mcp proxy [--socket S] (--session ID | --context ATOM...) [--role R]... -- SERVER_COMMAND [ARGS...]")
+		return exitError{exitUsage}
+	}
+	fs := newFlags("mcp proxy",
+		"condfs mcp proxy [--socket S] (--session ID | --context ATOM...) [--role R]... -- SERVER_COMMAND [ARGS...]",
+		`Sit between an MCP client (on stdin/stdout) and a stdio MCP server (started with
+SERVER_COMMAND), relaying every message, and decide each tools/call through the
+daemon: allowed calls go on, denied ones are answered with a tool error and never
+reach the server, calls that need approval are put to the user (elicitation) when
+the client can ask. tools/list leaves out the tools the roles can never call.`, stderr)
+	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	session := fs.String("session", "", "the condfs session whose context when() tests")
+	atoms := fs.StringArray("context", nil, "the context, when there is no session: an atom (repeat) or a JSON description")
+	roles := fs.StringArray("role", nil, "a caller role; repeat")
+	grace := fs.Duration("grace", 5*time.Second, "how long the server may take to exit after the client closes")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	cmdArgs := fs.Args()
+	if len(cmdArgs) == 0 {
+		return usageErr(stderr, fs, "give the server command after --")
+	}
+	if (*session == "") == (len(*atoms) == 0) {
+		return usageErr(stderr, fs, "give --session or --context (one of them)")
+	}
+	var ctxAtoms []string
+	if len(*atoms) > 0 {
+		set, err := parseContextFlags(*atoms)
+		if err != nil {
+			return usageErr(stderr, fs, "--context: %v", err)
+		}
+		ctxAtoms = set.Atoms()
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	server := exec.Command(cmdArgs[0], cmdArgs[1:]...)
+	server.Stderr = stderr
+	sin, err := server.StdinPipe()
+	if err != nil {
+		return err
+	}
+	sout, err := server.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := server.Start(); err != nil {
+		fmt.Fprintf(stderr, "condfs mcp proxy: start %s: %v\n", cmdArgs[0], err)
+		return exitError{exitFail}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	d := &socketDecider{socket: *socket, session: *session, atoms: ctxAtoms, roles: *roles}
+	defer d.close()
+	runErr := mcpproxy.Run(ctx, mcpproxy.Options{Decider: d, Logger: logger}, os.Stdin, stdout, sin, sout)
+	// The server's output has ended, or the client went away (its input
+	// is closed now): give it the grace period, then stop it.
+	waited := make(chan error, 1)
+	go func() { waited <- server.Wait() }()
+	var werr error
+	select {
+	case werr = <-waited:
+	case <-time.After(*grace):
+		server.Process.Signal(syscall.SIGTERM)
+		select {
+		case werr = <-waited:
+		case <-time.After(*grace):
+			server.Process.Kill()
+			werr = <-waited
+		}
+	}
+	if runErr != nil && !errors.Is(runErr, context.Canceled) {
+		logger.Warn("relay ended", "err", runErr)
+	}
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		if code := ee.ExitCode(); code > 0 {
+			return exitError{code}
+		}
+		return exitError{exitFail}
+	}
+	return nil
+}
+
+// socketDecider decides through the daemon, over one connection (made
+// again if it breaks).
+type socketDecider struct {
+	socket, session string
+	atoms, roles    []string
+
+	mu sync.Mutex
+	c  *control.Client
+}
+
+func (d *socketDecider) call(ctx context.Context, method string, params, out any) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if d.c == nil {
+			c, err := control.DialTimeout(d.socket, 2*time.Second)
+			if err != nil {
+				return fmt.Errorf("the daemon at %s is unreachable: %w", d.socket, err)
+			}
+			d.c = c
+		}
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(5 * time.Second)
+		}
+		d.c.SetDeadline(deadline)
+		err := d.c.Call(method, params, out)
+		var ce *control.Error
+		if err == nil || errors.As(err, &ce) || attempt > 0 {
+			return err
+		}
+		d.c.Close() // a broken connection: one more try on a new one
+		d.c = nil
+	}
+}
+
+func (d *socketDecider) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.c != nil {
+		d.c.Close()
+	}
+}
+
+func (d *socketDecider) Decide(ctx context.Context, tool string, args json.RawMessage) (string, []string, error) {
+	p := map[string]any{"tool": tool, "args": args}
+	if d.session != "" {
+		p["session"] = d.session
+	} else {
+		p["context"] = d.atoms
+	}
+	if len(d.roles) > 0 {
+		p["roles"] = d.roles
+	}
+	var res struct {
+		Decision string   `json:"decision"`
+		Reasons  []string `json:"reasons"`
+	}
+	if err := d.call(ctx, "tool.decide", p, &res); err != nil {
+		return "", nil, err
+	}
+	return res.Decision, res.Reasons, nil
+}
+
+func (d *socketDecider) Callable(ctx context.Context, tools []string) ([]string, error) {
+	var res struct {
+		Callable []string `json:"callable"`
+	}
+	if err := d.call(ctx, "tools.callable", map[string]any{"roles": d.roles, "tools": tools}, &res); err != nil {
+		return nil, err
+	}
+	return res.Callable, nil
+}

@@ -98,7 +98,7 @@ func setup() (*fixture, error) {
 	}
 	// condfs with 1,000 rules.
 	sock := filepath.Join(tmp, "run/condfs.sock")
-	d := exec.Command(filepath.Join(bin, "condfs"), "serve", "--root", home, "--socket", sock, "--log-level", "error")
+	d := exec.Command(filepath.Join(bin, "condfs"), "serve", "--root", home, "--socket", sock, "--log-level", "error", "--state-dir", os.Getenv("CONDFS_BENCH_STATE"))
 	d.Stderr = os.Stderr
 	if err := d.Start(); err != nil {
 		return f, err

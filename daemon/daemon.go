@@ -49,6 +49,9 @@ type Config struct {
 	MountRoot string
 	// MaxConns bounds the socket's connections (default 1024).
 	MaxConns int
+	// StateDir holds sessions.json, the sessions restored after a crash;
+	// "" keeps no state.
+	StateDir string
 	// FirstMount and FirstContext open a first session "default" before
 	// the socket accepts anyone, so that a client that can connect can
 	// also rely on the view.
@@ -71,16 +74,27 @@ type Daemon struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	reloadMu sync.Mutex
-	denials  denialLimiter
+	// restoreErrors are the sessions the state file named that could not
+	// be restored at start.
+	restoreErrors []string
+	closing       atomic.Bool
+	denials       denialLimiter
 
 	stopWatch func()
 }
 
 type session struct {
-	id    string
-	mount string
-	owner uint32
-	view  *fsys.View // nil while the session is being opened
+	id        string
+	mount     string
+	peer      uint32 // who opened it
+	owner     uint32
+	allowUIDs []uint32
+	view      *fsys.View // nil while the session is being opened
+
+	switchMu  sync.Mutex // one context switch at a time
+	stateMu   sync.Mutex
+	stateFile *os.File // its state file (state.go), kept open
+	stateSize int
 }
 
 var sessionIDRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -128,6 +142,7 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("first session: %s", cerr.Message)
 		}
 	}
+	d.restoreState()
 	srv, err := control.Listen(control.Options{
 		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
 		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns,
@@ -150,8 +165,11 @@ func New(cfg Config) (*Daemon, error) {
 // Serve serves the control socket until Close.
 func (d *Daemon) Serve() error { return d.server.Serve() }
 
-// Close unmounts every view, stops the watcher and removes the socket.
+// Close unmounts every view, stops the watcher and removes the socket. The
+// state file keeps the sessions: a clean restart (an upgrade, systemctl
+// restart) brings them back as a crash would.
 func (d *Daemon) Close() error {
+	d.closing.Store(true)
 	var errs []error
 	if d.stopWatch != nil {
 		d.stopWatch()
@@ -205,7 +223,7 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 		}
 	}
 	// Reserve the id and the mountpoint while mounting, outside the lock.
-	d.sessions[r.id] = &session{id: r.id, mount: mount, owner: r.owner}
+	d.sessions[r.id] = &session{id: r.id, mount: mount, peer: r.peer, owner: r.owner, allowUIDs: r.allowUIDs}
 	d.mu.Unlock()
 	v, cerr := d.mountView(r, mount)
 	d.mu.Lock()
@@ -214,8 +232,12 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 		delete(d.sessions, r.id)
 		return nil, cerr
 	}
-	d.sessions[r.id].view = v
+	s := d.sessions[r.id]
+	s.view = v
 	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())
+	d.mu.Unlock()
+	d.saveSession(s, r.atoms)
+	d.mu.Lock()
 	return v, nil
 }
 
@@ -307,6 +329,7 @@ func (d *Daemon) closeSession(id string) error {
 	}
 	err := s.view.Unmount()
 	d.log.Info("session closed", "session", id, "err", err)
+	d.dropSession(s, !d.closing.Load())
 	return err
 }
 
@@ -479,6 +502,11 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
 		}
+		// One switch at a time per session, so that the saved context is
+		// the one in force.
+		s.switchMu.Lock()
+		defer s.switchMu.Unlock()
+		d.saveSession(s, set)
 		if err := s.view.SetContext(set); err != nil {
 			return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 		}
@@ -565,7 +593,11 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 	case "config.reload":
 		return d.Reload(true), nil
 	case "status":
-		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics()}, nil
+		restore := d.restoreErrors
+		if restore == nil {
+			restore = []string{}
+		}
+		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(), "restore_errors": restore}, nil
 	}
 	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, tools.callable, config.reload, status)", method)
 }

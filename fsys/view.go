@@ -422,12 +422,18 @@ func (v *View) Mountpoint() string { return v.opts.Mountpoint }
 // denied files fail their next read or write.
 func (v *View) SetContext(set cctx.Set) error {
 	v.atoms.Store(&set)
-	authGen.Add(1)
-	return v.Invalidate()
+	return v.invalidate(true)
 }
 
 // Invalidate drops the kernel's cached entries after the rules changed.
-func (v *View) Invalidate() error {
+func (v *View) Invalidate() error { return v.invalidate(false) }
+
+// invalidate drops cached entries and re-decides open files. A context
+// switch (scoped) keeps the rules, so on the per-entry path only entries a
+// rule governs (the path or a directory above it matched by a rule) can
+// change their decision; a reload may have changed any rule, so every
+// cached entry is dropped.
+func (v *View) invalidate(scoped bool) error {
 	if v.closed.Load() {
 		return errors.New("view is unmounted")
 	}
@@ -442,10 +448,44 @@ func (v *View) Invalidate() error {
 		}
 	}
 	if !done {
-		v.invalidateEntries(v.root.EmbeddedInode())
+		if scoped {
+			cfg := v.rules.Load()
+			root := v.root.EmbeddedInode()
+			for name, child := range root.Children() {
+				sp, ok := spaceByName(name)
+				if !ok {
+					continue
+				}
+				v.invalidateRuled(cfg, sp, child, "/")
+				if _, ruled := cfg.Visible(sp, "/", *v.atoms.Load()); ruled {
+					root.NotifyEntry(name)
+				}
+			}
+		} else {
+			v.invalidateEntries(v.root.EmbeddedInode())
+		}
 	}
 	v.revoke()
 	return nil
+}
+
+// invalidateRuled invalidates the cached entries below dir (at path p in
+// space sp) whose decision a rule governs, deepest first; it descends only
+// where some rule names a path below, or one above already governs.
+func (v *View) invalidateRuled(cfg *acl.Config, sp acl.Space, dir *fs.Inode, p string) {
+	atoms := *v.atoms.Load()
+	for name, child := range dir.Children() {
+		cp := join(p, name)
+		_, ruled := cfg.Visible(sp, cp, atoms)
+		if child.IsDir() && (ruled || cfg.HasRulesUnder(sp, cp)) {
+			v.invalidateRuled(cfg, sp, child, cp)
+		}
+		if ruled {
+			if errno := dir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
+				v.log.Debug("NotifyEntry", "name", name, "errno", errno)
+			}
+		}
+	}
 }
 
 // invalidateEntries walks the inode tree and invalidates every cached

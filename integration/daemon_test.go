@@ -527,3 +527,70 @@ func TestStaleSocketAndLiveDaemon(t *testing.T) {
 	}
 	d.call("status", map[string]any{}, nil)
 }
+
+// TestCrashRestoresSessions: after kill -9, the next start restores every
+// session from the state file, on its mountpoint and in its last context,
+// before the socket accepts clients; a reader's fd from before the crash
+// fails (ENOTCONN), never reads stale; a session that cannot be restored is
+// reported in status.
+func TestCrashRestoresSessions(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/private/p.md", "private")
+	h.write("memories/pub.md", "public")
+	d := startDaemon(t, h)
+	dm := d.open("dm", guildCtx)
+	d.setContext("dm", dmCtx) // the last context is what comes back
+	gone := d.open("gone", guildCtx)
+	held, err := os.Open(dm + "/memories/private/p.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	// One mountpoint disappears while the daemon is down.
+	syscall.Unmount(gone, syscall.MNT_DETACH)
+	os.RemoveAll(gone)
+	os.WriteFile(gone, []byte("now a file"), 0o644)
+	os.Remove(d.socket)
+	d2 := startDaemon(t, h)
+	// The socket accepts only once the sessions are back: no wait here.
+	if b, err := os.ReadFile(dm + "/memories/private/p.md"); err != nil || string(b) != "private" {
+		t.Fatalf("the restored DM session: %q %v\n%s", b, err, d2.log())
+	}
+	var res struct {
+		Sessions []struct {
+			ID    string   `json:"id"`
+			Mount string   `json:"mount"`
+			Atoms []string `json:"atoms"`
+		} `json:"sessions"`
+		RestoreErrors []string `json:"restore_errors"`
+	}
+	d2.call("status", map[string]any{}, &res)
+	if len(res.Sessions) != 1 || res.Sessions[0].ID != "dm" || res.Sessions[0].Mount != dm || strings.Join(res.Sessions[0].Atoms, " ") != "discord:channel:7 discord:dm discord:dm:7" {
+		t.Fatalf("restored sessions: %+v", res.Sessions)
+	}
+	if len(res.RestoreErrors) != 1 || !strings.Contains(res.RestoreErrors[0], "gone") {
+		t.Fatalf("restore errors: %q", res.RestoreErrors)
+	}
+	buf := make([]byte, 4)
+	if _, err := held.ReadAt(buf, 0); err == nil {
+		t.Fatal("an fd from before the crash still reads")
+	}
+	// A clean stop keeps the sessions too: a restart brings them back.
+	d2.stop()
+	d3 := startDaemon(t, h)
+	if _, err := os.Stat(dm + "/memories/pub.md"); err != nil {
+		t.Fatalf("after a clean restart: %v\n%s", err, d3.log())
+	}
+	d3.call("session.close", map[string]any{"id": "dm"}, nil)
+	d3.stop()
+	d4 := startDaemon(t, h)
+	var res4 struct {
+		Sessions []any `json:"sessions"`
+	}
+	d4.call("status", map[string]any{}, &res4)
+	if len(res4.Sessions) != 0 {
+		t.Fatalf("a closed session came back: %v", res4.Sessions)
+	}
+}

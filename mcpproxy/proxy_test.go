@@ -98,6 +98,7 @@ func connect(t *testing.T, sock string, approve func(*mcp.ElicitRequest) (*mcp.E
 		opts.ElicitationHandler = func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) { return approve(req) }
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "condfs-test-client", Version: "1"}, opts)
+	//lint:ignore SA1019 roots is deprecated but served; it is the server-to-client request the test relays
 	client.AddRoots(&mcp.Root{URI: "file:///srv/agent/workspace", Name: "workspace"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)

@@ -56,6 +56,7 @@ unmount every view and remove the socket.`, stderr)
 	allowOther := fs.Bool("allow-other", os.Geteuid() == 0, "let users other than the daemon's reach the views (root only: the daemon then acts as each caller; each view still admits only its owner)")
 	mountRoot := fs.String("mount-root", filepath.Join(runDir(), "views"), "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
 	maxConns := fs.Int("max-conns", 1024, "most control connections served at once")
+	stateDir := fs.String("state-dir", "", "where sessions are kept across crashes and restarts (default: the socket's directory; \"none\" keeps none)")
 	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -110,6 +111,12 @@ unmount every view and remove the socket.`, stderr)
 		defer f.Close()
 		auditLog = slog.New(slog.NewJSONHandler(f, nil))
 	}
+	switch *stateDir {
+	case "":
+		*stateDir = filepath.Dir(*socket)
+	case "none":
+		*stateDir = ""
+	}
 	if *allowOther && os.Geteuid() != 0 {
 		return usageErr(stderr, fs, "--allow-other needs a root daemon: one that cannot act as its callers serves its own uid only")
 	}
@@ -130,7 +137,7 @@ unmount every view and remove the socket.`, stderr)
 		Memories: *memories, Workspace: *workspace,
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
-		MountRoot: *mountRoot, MaxConns: *maxConns,
+		MountRoot: *mountRoot, MaxConns: *maxConns, StateDir: *stateDir,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

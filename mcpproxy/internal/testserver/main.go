@@ -53,8 +53,10 @@ func main() {
 	mcp.AddTool(s, &mcp.Tool{Name: "roots", Description: "asks the client for its roots"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
 		if len(req.Params.InputResponses) == 0 {
 			record("roots-asked")
+			//lint:ignore SA1019 roots is deprecated but served; the test needs a server request to the client
 			return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"roots": &mcp.ListRootsParams{}}}, nil, nil
 		}
+		//lint:ignore SA1019 see above
 		list, _ := req.Params.InputResponses["roots"].(*mcp.ListRootsResult)
 		if list == nil {
 			return nil, nil, fmt.Errorf("no roots in the answer")

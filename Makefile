@@ -47,7 +47,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 200x ./constraints/internal/expr/
 	$(GO) test -run '^$$' -fuzz FuzzParsePolicy -fuzztime 60s ./constraints/
 	$(GO) test -run '^$$' -fuzz FuzzParseConditions -fuzztime 60s ./acl/
-	CI=true CONDFS_MODEL_STEPS=20000 $(GO) test -count=1 -run TestModelRandom -timeout 30m ./integration/
+	CI=true CONDFS_MODEL_SEED=random CONDFS_MODEL_STEPS=20000 $(GO) test -count=1 -run TestModelRandom -timeout 30m ./integration/
 
 clean:
 	rm -rf bin

@@ -187,7 +187,7 @@ func (p *proxy) clientLoop(ctx context.Context, in io.Reader) error {
 			// message, so that no tools/call slips through inside one.
 			var batch []json.RawMessage
 			if err := json.Unmarshal(line, &batch); err != nil {
-				return p.server.line(line)
+				return p.refuse(err)
 			}
 			for _, m := range batch {
 				if err := p.fromClient(ctx, m); err != nil {
@@ -201,9 +201,17 @@ func (p *proxy) clientLoop(ctx context.Context, in io.Reader) error {
 }
 
 func (p *proxy) fromClient(ctx context.Context, raw []byte) error {
+	// The server must read exactly what the proxy decided on. A message
+	// the proxy cannot parse, or one with two keys that parsers may pick
+	// between ("method" and "Method": encoding/json matches keys without
+	// case and takes the last, other parsers do not), could carry a
+	// tools/call past the decision: it is refused, never forwarded.
 	var m message
+	if err := strictKeys(raw); err != nil {
+		return p.refuse(err)
+	}
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return p.server.line(raw) // not ours to judge: the server answers it
+		return p.refuse(err)
 	}
 	switch {
 	case m.isResponse():
@@ -240,6 +248,61 @@ func (p *proxy) fromClient(ctx context.Context, raw []byte) error {
 		return nil
 	}
 	return p.server.line(raw)
+}
+
+// refuse answers a client message the proxy will not forward.
+func (p *proxy) refuse(why error) error {
+	resp, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0", "id": nil,
+		"error": map[string]any{"code": -32600, "message": "condfs: message refused, not forwarded: " + why.Error()},
+	})
+	return p.client.line(resp)
+}
+
+// strictKeys fails on invalid JSON and on an object, at any depth, with
+// two keys equal when case is ignored.
+func strictKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	type frame struct {
+		keys   map[string]bool
+		object bool
+		key    bool // the next token is a key
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n := len(stack); n > 0 && stack[n-1].object {
+			top := &stack[n-1]
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:n-1]
+				continue
+			}
+			if top.key {
+				k := strings.ToLower(tok.(string))
+				if top.keys[k] {
+					return fmt.Errorf("duplicate key %q", tok)
+				}
+				top.keys[k] = true
+				top.key = false
+				continue
+			}
+			top.key = true
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{keys: map[string]bool{}, object: true, key: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+	}
 }
 
 // call decides one tools/call and forwards it or answers it.
@@ -527,7 +590,8 @@ func (p *proxy) serverLoop(ctx context.Context, out io.Reader) error {
 func (p *proxy) filterList(ctx context.Context, line []byte, m message) []byte {
 	var result map[string]json.RawMessage
 	if err := json.Unmarshal(m.Result, &result); err != nil {
-		return line
+		// Not a listing the proxy can filter: list nothing.
+		result = map[string]json.RawMessage{}
 	}
 	var tools []json.RawMessage
 	json.Unmarshal(result["tools"], &tools)

@@ -6,6 +6,7 @@ package mcpproxy_test
 // no views needed) over its socket.
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -330,4 +331,36 @@ func BenchmarkToolCall(b *testing.B) {
 	b.Run("proxied", func(b *testing.B) {
 		run(b, exec.Command(condfsBin, "mcp", "proxy", "--socket", sock, "--context", "tui", "--", serverBin))
 	})
+}
+
+// TestParserDifferentials: a message whose keys parsers may read apart
+// ("method" and "Method") or that does not parse is refused, never
+// forwarded: the server must never run a call the proxy did not decide.
+func TestParserDifferentials(t *testing.T) {
+	sock := serve(t)
+	callLog := filepath.Join(t.TempDir(), "calls")
+	cmd := exec.Command(condfsBin, "mcp", "proxy", "--socket", sock, "--context", "tui", "--", serverBin)
+	cmd.Env = append(os.Environ(), "CALL_LOG="+callLog)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	r := bufio.NewReader(out)
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","Method":"ping","params":{"name":"secret","arguments":{}}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","Name":"secret","arguments":{}}}`,
+		`[{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"secret"}},`,
+	} {
+		fmt.Fprintln(in, line)
+		got, err := r.ReadString('\n')
+		if err != nil || !strings.Contains(got, "refused") {
+			t.Fatalf("%s: %q %v", line, got, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if data, _ := os.ReadFile(callLog); len(data) != 0 {
+		t.Fatalf("the server ran %q", data)
+	}
 }

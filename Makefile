@@ -2,6 +2,8 @@
 GO      ?= go
 BIN     := bin/condfs
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# The tests that prove no stale authority survives a switch or a reload.
+NOSTALE := TestContextFlips|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom
 
 .PHONY: all build test test-unprivileged lint demo bench fuzz clean
 
@@ -16,8 +18,10 @@ test:
 	$(GO) test -race -count=1 ./...
 	# The no-stale tests again on the per-entry invalidation path that
 	# kernels before 6.16 (no FUSE_NOTIFY_INC_EPOCH) use.
-	CONDFS_INVALIDATION=entries $(GO) test -race -count=1 \
-		-run 'TestContextFlips|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom' ./integration/
+	CONDFS_INVALIDATION=entries $(GO) test -race -count=1 -run '$(NOSTALE)' ./integration/
+	# And on a connection per session (a daemon that is not root, or
+	# --connections=per-session), where the epoch is per view.
+	CONDFS_TEST_CONNECTIONS=per-session $(GO) test -race -count=1 -run '$(NOSTALE)' ./integration/
 
 # The views' core must be testable without root: as root, run fsys's unit
 # tests again as uid 65534 (a copy of the tree and of the module download

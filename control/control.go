@@ -114,6 +114,17 @@ type Server struct {
 	panics atomic.Int64
 }
 
+// Live reports an error if a daemon answers on path: a second daemon must
+// not start (nor touch the first one's mounts and state).
+func Live(path string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return nil
+	}
+	c.Close()
+	return fmt.Errorf("socket %s: a live daemon is already serving it; stop it or pick another --socket", path)
+}
+
 // Listen creates the socket. A socket file left by a crashed daemon is
 // replaced; a live daemon on the same path is detected and refused.
 func Listen(opts Options) (*Server, error) {
@@ -135,12 +146,10 @@ func Listen(opts Options) (*Server, error) {
 	if err := prepareDir(filepath.Dir(opts.Path)); err != nil {
 		return nil, err
 	}
+	if err := Live(opts.Path); err != nil {
+		return nil, err
+	}
 	if _, err := os.Lstat(opts.Path); err == nil {
-		c, err := net.DialTimeout("unix", opts.Path, time.Second)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("socket %s: a live daemon is already serving it; stop it or pick another --socket", opts.Path)
-		}
 		if err := os.Remove(opts.Path); err != nil {
 			return nil, fmt.Errorf("remove stale socket %s: %w", opts.Path, err)
 		}

@@ -49,6 +49,13 @@ type Config struct {
 	MountRoot string
 	// MaxConns bounds the socket's connections (default 1024).
 	MaxConns int
+	// HubDir, if set, is where a root daemon mounts the one FUSE
+	// connection that serves every session (fsys.Hub); each view is then a
+	// bind mount of it. "" mounts a connection per session.
+	HubDir string
+	// MaxSessions bounds the open sessions; 0 derives it from the
+	// daemon's limits (DefaultMaxSessions).
+	MaxSessions int
 	// StateDir holds sessions.json, the sessions restored after a crash;
 	// "" keeps no state.
 	StateDir string
@@ -70,9 +77,11 @@ type Daemon struct {
 	conditions *configFile[acl.Config]
 	policy     *configFile[constraints.Policy]
 	server     *control.Server
+	hub        *fsys.Hub // nil: a connection per session
 
 	mu       sync.Mutex
 	sessions map[string]*session
+	mounts   map[string]string // mountpoint -> session id, of d.sessions
 	reloadMu sync.Mutex
 	// restoreErrors are the sessions the state file named that could not
 	// be restored at start.
@@ -116,6 +125,7 @@ func New(cfg Config) (*Daemon, error) {
 		conditions: newConditions(cfg.Conditions),
 		policy:     newPolicy(cfg.Policy),
 		sessions:   map[string]*session{},
+		mounts:     map[string]string{},
 	}
 	if err := d.conditions.initial(); err != nil {
 		return nil, err
@@ -136,9 +146,26 @@ func New(cfg Config) (*Daemon, error) {
 		d.cfg.MountRoot = cfg.MountRoot
 	}
 	d.denials.init()
+	// Before anything is mounted or restored: a second daemon on the
+	// same socket must leave the first one's mounts and state alone.
+	if err := control.Live(cfg.Socket); err != nil {
+		return nil, err
+	}
+	if cfg.HubDir != "" {
+		h, err := fsys.NewHub(fsys.HubOptions{Dir: cfg.HubDir, Logger: d.log})
+		if err != nil {
+			return nil, err
+		}
+		d.hub = h
+	}
+	RaiseFileLimit()
+	if d.cfg.MaxSessions <= 0 {
+		d.cfg.MaxSessions = DefaultMaxSessions(d.hub != nil)
+	}
 	if cfg.FirstMount != "" {
 		self := uint32(os.Geteuid())
 		if _, cerr := d.OpenSession(openRequest{peer: self, id: "default", mount: cfg.FirstMount, atoms: cfg.FirstContext, owner: self}); cerr != nil {
+			d.closeHub()
 			return nil, fmt.Errorf("first session: %s", cerr.Message)
 		}
 	}
@@ -148,14 +175,14 @@ func New(cfg Config) (*Daemon, error) {
 		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns,
 	})
 	if err != nil {
-		d.closeSession("default")
+		d.closeAll()
 		return nil, err
 	}
 	d.server = srv
 	stop, err := d.watch()
 	if err != nil {
 		srv.Close()
-		d.closeSession("default")
+		d.closeAll()
 		return nil, err
 	}
 	d.stopWatch = stop
@@ -175,6 +202,13 @@ func (d *Daemon) Close() error {
 		d.stopWatch()
 	}
 	errs = append(errs, d.server.Close())
+	errs = append(errs, d.closeAll())
+	return errors.Join(errs...)
+}
+
+// closeAll unmounts every view, then the hub.
+func (d *Daemon) closeAll() error {
+	var errs []error
 	d.mu.Lock()
 	ids := make([]string, 0, len(d.sessions))
 	for id := range d.sessions {
@@ -184,7 +218,15 @@ func (d *Daemon) Close() error {
 	for _, id := range ids {
 		errs = append(errs, d.closeSession(id))
 	}
+	errs = append(errs, d.closeHub())
 	return errors.Join(errs...)
+}
+
+func (d *Daemon) closeHub() error {
+	if d.hub == nil {
+		return nil
+	}
+	return d.hub.Close()
 }
 
 // openRequest is a session.open: who asks, and what.
@@ -216,20 +258,24 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 		d.mu.Unlock()
 		return nil, control.Errorf(control.CodeSessionExists, "session %q is already open; close it first or pick another id", r.id)
 	}
-	for _, s := range d.sessions {
-		if s.mount == mount {
-			d.mu.Unlock()
-			return nil, control.Errorf(control.CodeSessionExists, "session %q already has %s mounted", s.id, mount)
-		}
+	if id, ok := d.mounts[mount]; ok {
+		d.mu.Unlock()
+		return nil, control.Errorf(control.CodeSessionExists, "session %q already has %s mounted", id, mount)
+	}
+	if len(d.sessions) >= d.cfg.MaxSessions {
+		d.mu.Unlock()
+		return nil, control.Errorf(control.CodeBusy, "too many sessions: %d are open, the most this daemon serves (--max-sessions); close one first", len(d.sessions))
 	}
 	// Reserve the id and the mountpoint while mounting, outside the lock.
 	d.sessions[r.id] = &session{id: r.id, mount: mount, peer: r.peer, owner: r.owner, allowUIDs: r.allowUIDs}
+	d.mounts[mount] = r.id
 	d.mu.Unlock()
 	v, cerr := d.mountView(r, mount)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if cerr != nil {
 		delete(d.sessions, r.id)
+		delete(d.mounts, mount)
 		return nil, cerr
 	}
 	s := d.sessions[r.id]
@@ -256,7 +302,7 @@ func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Er
 		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
 		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
-		Logger: d.log,
+		Logger: d.log, Hub: d.hub,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
 			d.auditPath(id, atoms, sp, p, op)
 		},
@@ -322,6 +368,7 @@ func (d *Daemon) closeSession(id string) error {
 	s, ok := d.sessions[id]
 	if ok && s.view != nil {
 		delete(d.sessions, id)
+		delete(d.mounts, s.mount)
 	}
 	d.mu.Unlock()
 	if !ok || s.view == nil {
@@ -380,6 +427,19 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 	return d.configStatus()
 }
 
+// limits: how many sessions are open, how many may be, and how views are
+// served.
+func (d *Daemon) limits() map[string]any {
+	d.mu.Lock()
+	n := len(d.sessions)
+	d.mu.Unlock()
+	conns := "per-session"
+	if d.hub != nil {
+		conns = "shared"
+	}
+	return map[string]any{"sessions_open": n, "max_sessions": d.cfg.MaxSessions, "connections": conns}
+}
+
 // panics counts the requests that panicked and failed closed: control
 // methods, and FUSE operations of the views open now.
 func (d *Daemon) panics() map[string]int64 {
@@ -391,6 +451,9 @@ func (d *Daemon) panics() map[string]int64 {
 		}
 	}
 	d.mu.Unlock()
+	if d.hub != nil {
+		fuseOps += d.hub.Panics()
+	}
 	var socket int64
 	if d.server != nil {
 		socket = d.server.Panics()
@@ -597,7 +660,8 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if restore == nil {
 			restore = []string{}
 		}
-		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(), "restore_errors": restore}, nil
+		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
+			"restore_errors": restore, "limits": d.limits()}, nil
 	}
 	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, tools.callable, config.reload, status)", method)
 }

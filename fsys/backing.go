@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,6 +21,7 @@ type backing struct {
 	fd   int    // O_PATH directory fd of the root
 	dev  uint64
 	root unix.Stat_t
+	refs int // views using it (acquireBacking); guarded by backings
 }
 
 func openBacking(dir string) (*backing, error) {
@@ -92,7 +94,49 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 	return "", 0, false, false
 }
 
-func (b *backing) close() { unix.Close(b.fd) }
+// backings are the open backing directories of this process, shared by
+// every view over the same directory: a session then costs no descriptor
+// of its own, and a node holds thousands.
+var backings struct {
+	sync.Mutex
+	m map[string]*backing
+}
+
+// acquireBacking is openBacking, sharing an open one when dir still names
+// the same directory; release gives it back.
+func acquireBacking(dir string) (*backing, error) {
+	backings.Lock()
+	defer backings.Unlock()
+	if b, ok := backings.m[dir]; ok {
+		var st unix.Stat_t
+		if unix.Stat(dir, &st) == nil && st.Dev == b.dev && st.Ino == b.root.Ino {
+			b.refs++
+			return b, nil
+		}
+	}
+	b, err := openBacking(dir)
+	if err != nil {
+		return nil, err
+	}
+	if backings.m == nil {
+		backings.m = map[string]*backing{}
+	}
+	b.refs = 1
+	backings.m[dir] = b // one that dir no longer names lives on with its views
+	return b, nil
+}
+
+func (b *backing) release() {
+	backings.Lock()
+	defer backings.Unlock()
+	if b.refs--; b.refs > 0 {
+		return
+	}
+	if backings.m[b.dir] == b {
+		delete(backings.m, b.dir)
+	}
+	unix.Close(b.fd)
+}
 
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 

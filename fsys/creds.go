@@ -98,6 +98,11 @@ type asCaller struct {
 // current thread act with its credentials. A request with no caller is the
 // daemon's own (tests, notifications) and runs as the daemon.
 func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
+	if v.closed.Load() {
+		// An unmounted view's nodes may outlive it in a hub, or through a
+		// lazily detached mount: they do nothing.
+		return asCaller{}, syscall.EIO
+	}
 	c, ok := fuse.FromContext(ctx)
 	if !ok {
 		return asCaller{}, 0

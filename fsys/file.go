@@ -76,6 +76,9 @@ func (n *node) newHandle(fd int, path string, ruled bool) (*fileHandle, uint32) 
 // be protected, as the view's hiding rules say), has none.
 func (h *fileHandle) decide(audit bool) bool {
 	v := h.node.view
+	if v.closed.Load() {
+		return false
+	}
 	// The generation is read before the snapshot: a decision made while
 	// an event happens is kept under the older generation, so the next
 	// call decides again.

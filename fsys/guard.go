@@ -1,25 +1,28 @@
 package fsys
 
 import (
+	"log/slog"
 	"runtime/debug"
+	"sync/atomic"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // guardFS recovers a panic in any FUSE operation: that request alone fails
 // closed (EIO, or nothing for requests without an answer), the stack is
-// logged, the view counts it, and every other request and session goes on.
+// logged, the view (or hub) counts it, and every other request and session goes on.
 // It wraps go-fuse's bridge, so a panic in condfs's nodes or in go-fuse's
 // own code is caught alike. (Written from fuse.RawFileSystem, one method
 // each.)
 type guardFS struct {
 	fuse.RawFileSystem
-	v *View
+	panics *atomic.Int64
+	log    *slog.Logger
 }
 
 func (g guardFS) recovered(op string, r any, code *fuse.Status) {
-	g.v.panics.Add(1)
-	g.v.log.Error("recovered a panic in a FUSE operation; it failed with EIO", "op", op, "panic", r, "stack", string(debug.Stack()))
+	g.panics.Add(1)
+	g.log.Error("recovered a panic in a FUSE operation; it failed with EIO", "op", op, "panic", r, "stack", string(debug.Stack()))
 	if code != nil {
 		*code = fuse.EIO
 	}

@@ -38,6 +38,7 @@ var (
 	_ fs.NodeSetattrer      = (*rootNode)(nil)
 	_ fs.NodeSetxattrer     = (*rootNode)(nil)
 	_ fs.NodeStatfser       = (*rootNode)(nil)
+	_ fs.NodeOnForgetter    = (*rootNode)(nil)
 )
 
 func spaceByName(name string) (acl.Space, bool) {
@@ -90,6 +91,9 @@ type rootDir struct {
 func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.view.closed.Load() {
+		return nil, syscall.EIO
+	}
 	snap := d.view.snapshot()
 	for d.next < len(acl.Spaces) {
 		sp := acl.Spaces[d.next]
@@ -122,7 +126,21 @@ func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 	return 0
 }
 
+// OnForget: the kernel holds nothing of a hub view any more (every node
+// below was forgotten first), so no operation can reach its backing
+// directories: close them.
+func (r *rootNode) OnForget() {
+	if r.view.hub != nil && r.view.closed.Load() {
+		r.view.closeBacking()
+	}
+}
+
 func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	a, errno := r.view.become(ctx)
+	if errno != 0 {
+		return errno
+	}
+	a.restore()
 	var s syscall.Statfs_t
 	if err := syscall.Fstatfs(r.view.spaces[0].fd, &s); err != nil {
 		return errnoOf(err)

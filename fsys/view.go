@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Debug logs every FUSE request.
 	Debug bool
+	// Hub, if set, serves the view through the hub's connection, bind
+	// mounted at Mountpoint (AttrTimeout and Debug are then the hub's).
+	Hub *Hub
 }
 
 // View is one mounted session view.
@@ -103,6 +107,10 @@ type View struct {
 	fusermount  bool        // mounted by fusermount3 (a daemon that is not root)
 	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
 	switchCreds bool        // root: act as each caller
+	hub         *Hub        // the hub serving the view, if any
+	hubName     string      // the view's directory in the hub
+	gen         uint64      // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev     uint64      // the memories backing's device, mixed into inode numbers
 	groups      groupCache
 	log         *slog.Logger
 	closed      atomic.Bool
@@ -110,6 +118,8 @@ type View struct {
 	done        chan struct{}
 	// mountedAt is the mount root's timestamp.
 	mountedAt time.Time
+
+	backingMu sync.Mutex // closeBacking runs once (from Unmount or the last forget)
 
 	hmu     sync.Mutex
 	handles map[*fileHandle]struct{}
@@ -138,7 +148,12 @@ func Mount(opts Options) (*View, error) {
 		v.closeBacking()
 		return nil, err
 	}
-	if err := v.mount(); err != nil {
+	if v.hub != nil {
+		err = v.mountHub()
+	} else {
+		err = v.mount()
+	}
+	if err != nil {
 		v.closeBacking()
 		return nil, err
 	}
@@ -173,12 +188,18 @@ func newView(opts Options) (*View, error) {
 	set := opts.Context
 	v.atoms.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
-		b, err := openBacking(dir)
+		b, err := acquireBacking(dir)
 		if err != nil {
 			v.closeBacking()
 			return nil, err
 		}
 		v.spaces[i] = b
+	}
+	v.rootDev = v.spaces[0].dev
+	v.gen = 1
+	if opts.Hub != nil {
+		v.hub = opts.Hub
+		v.gen = opts.Hub.seq.Add(1) + 1
 	}
 	v.root = &rootNode{view: v}
 	zero := time.Duration(0)
@@ -186,28 +207,40 @@ func newView(opts Options) (*View, error) {
 		EntryTimeout:    &opts.AttrTimeout,
 		AttrTimeout:     &opts.AttrTimeout,
 		NegativeTimeout: &zero,
-		MountOptions: fuse.MountOptions{
-			FsName:        "condfs",
-			Name:          "condfs",
-			AllowOther:    opts.AllowOther,
-			Options:       []string{"default_permissions"},
-			MaxBackground: 64,
-			EnableLocks:   true,
-			// READDIRPLUS makes dentries from a listing decided before a
-			// context switch but delivered after it, and the kernel stamps
-			// them with the new epoch: they would answer stale. Plain
-			// READDIR creates no dentries; every name is then looked up.
-			DisableReadDirPlus: true,
-			Debug:              opts.Debug,
-		},
-		RootStableAttr: &fs.StableAttr{Ino: 1},
+		MountOptions:    viewMountOptions(opts.AllowOther, opts.Debug),
+		RootStableAttr:  &fs.StableAttr{Ino: 1},
 	}
-	v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), v: v}
+	if v.hub == nil {
+		// A hub view's root becomes a node of the hub's tree instead.
+		v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), panics: &v.panics, log: v.log}
+	}
 	return v, nil
+}
+
+func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
+	return fuse.MountOptions{
+		FsName:        "condfs",
+		Name:          "condfs",
+		AllowOther:    allowOther,
+		Options:       []string{"default_permissions"},
+		MaxBackground: 64,
+		EnableLocks:   true,
+		// READDIRPLUS makes dentries from a listing decided before a
+		// context switch but delivered after it, and the kernel stamps
+		// them with the new epoch: they would answer stale. Plain
+		// READDIR creates no dentries; every name is then looked up.
+		DisableReadDirPlus: true,
+		Debug:              debug,
+	}
 }
 
 // admits reports whether uid may enter the view.
 func (v *View) admits(uid uint32) bool {
+	if v.hub != nil && !v.opts.AllowOther && int(uid) != self.uid {
+		// The hub is mounted allow_other; a view without it admits the
+		// daemon's uid alone, as the kernel would.
+		return false
+	}
 	if uid == v.opts.Owner {
 		return true
 	}
@@ -324,7 +357,7 @@ func (v *View) mount() error {
 	// CONDFS_INVALIDATION=entries forces the per-entry path, as on those
 	// kernels (so that it can be tested and compared anywhere).
 	if v.devFD >= 0 && os.Getenv("CONDFS_INVALIDATION") != "entries" {
-		err := v.incEpoch()
+		err := incEpoch(v.devFD)
 		v.epoch.Store(err == nil)
 		if err != nil {
 			v.log.Info("kernel has no FUSE_NOTIFY_INC_EPOCH; using per-entry invalidation", "err", err)
@@ -334,16 +367,45 @@ func (v *View) mount() error {
 	return nil
 }
 
-func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
-	mpfd := v.opts.MountFD
-	if mpfd <= 0 {
-		fd, err := safepath.OpenDir(v.opts.Mountpoint)
-		if err != nil {
-			return -1, err
-		}
-		defer unix.Close(fd)
-		mpfd = fd
+// mountHub bind-mounts the view from its hub.
+func (v *View) mountHub() error {
+	mpfd, err := v.mountpointFD()
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", v.opts.Mountpoint, err)
 	}
+	if v.opts.MountFD <= 0 {
+		defer unix.Close(mpfd)
+	}
+	if err := v.hub.attach(v, mpfd); err != nil {
+		return fmt.Errorf("mount %s: %w", v.opts.Mountpoint, err)
+	}
+	v.log.Debug("view mounted from the hub", "mountpoint", v.opts.Mountpoint, "hub", v.hub.dir, "name", v.hubName)
+	return nil
+}
+
+// mountpointFD is Options.MountFD, or the mountpoint opened without
+// following symlinks (the caller closes it then).
+func (v *View) mountpointFD() (int, error) {
+	if v.opts.MountFD > 0 {
+		return v.opts.MountFD, nil
+	}
+	return safepath.OpenDir(v.opts.Mountpoint)
+}
+
+func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
+	mpfd, err := v.mountpointFD()
+	if err != nil {
+		return -1, err
+	}
+	if v.opts.MountFD <= 0 {
+		defer unix.Close(mpfd)
+	}
+	return mountFUSE(mpfd, mo.AllowOther)
+}
+
+// mountFUSE mounts a new FUSE connection on the directory mpfd and
+// returns its /dev/fuse fd.
+func mountFUSE(mpfd int, allowOther bool) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(mpfd, &st); err != nil {
 		return -1, err
@@ -359,7 +421,7 @@ func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
 		fmt.Sprintf("group_id=%d", os.Getegid()),
 		"default_permissions",
 	}
-	if mo.AllowOther {
+	if allowOther {
 		opts = append(opts, "allow_other")
 	}
 	// Mount on the checked directory itself, through its fd.
@@ -387,13 +449,13 @@ func mountID(p string) (uint64, error) {
 
 // incEpoch sends FUSE_NOTIFY_INC_EPOCH: the kernel then treats every dentry
 // of this mount made before now, negative ones included, as invalid.
-func (v *View) incEpoch() error {
+func incEpoch(devFD int) error {
 	var hdr fuse.OutHeader
 	hdr.Length = uint32(unsafe.Sizeof(hdr))
 	hdr.Status = -fuse.NOTIFY_INC_EPOCH // the wire carries the code negated
 	buf := unsafe.Slice((*byte)(unsafe.Pointer(&hdr)), unsafe.Sizeof(hdr))
 	for {
-		_, err := unix.Write(v.devFD, buf)
+		_, err := unix.Write(devFD, buf)
 		if err == unix.EINTR {
 			continue
 		}
@@ -438,16 +500,7 @@ func (v *View) invalidate(scoped bool) error {
 		return errors.New("view is unmounted")
 	}
 	authGen.Add(1)
-	done := false
-	if v.epoch.Load() {
-		if err := v.incEpoch(); err == nil || errors.Is(err, unix.ENOENT) {
-			done = true
-		} else {
-			v.log.Warn("FUSE_NOTIFY_INC_EPOCH failed; falling back to per-entry invalidation", "err", err)
-			v.epoch.Store(false)
-		}
-	}
-	if !done {
+	if !v.bumpEpoch(scoped) {
 		if scoped {
 			cfg := v.rules.Load()
 			root := v.root.EmbeddedInode()
@@ -467,6 +520,31 @@ func (v *View) invalidate(scoped bool) error {
 	}
 	v.revoke()
 	return nil
+}
+
+// bumpEpoch invalidates every cached entry of the view's connection at once,
+// where the kernel can, and reports whether it did. A hub's connection
+// serves every session: a context switch concerns one session, so only a
+// reload (unscoped) bumps a hub's epoch.
+func (v *View) bumpEpoch(scoped bool) bool {
+	fd := v.devFD
+	if v.hub != nil {
+		if scoped || !v.hub.epoch {
+			return false
+		}
+		fd = v.hub.devFD
+	} else if !v.epoch.Load() {
+		return false
+	}
+	err := incEpoch(fd)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return true
+	}
+	v.log.Warn("FUSE_NOTIFY_INC_EPOCH failed; falling back to per-entry invalidation", "err", err)
+	if v.hub == nil {
+		v.epoch.Store(false)
+	}
+	return false
 }
 
 // invalidateRuled invalidates the cached entries below dir (at path p in
@@ -514,10 +592,24 @@ func (v *View) Unmount() error {
 	var err error
 	v.unmounts.Do(func() {
 		v.closed.Store(true)
+		// Files still open in the view decide no more (closed), and their
+		// cached pages go, so that nothing is read through it from now.
+		v.revoke()
 		views.Lock()
 		delete(views.set, v)
 		views.Unlock()
 		mp := v.opts.Mountpoint
+		if v.hub != nil {
+			// The bind mount goes (by its id, as below); the view's nodes
+			// live on in the hub until the kernel forgets them, and no
+			// operation on them does anything now (closed). The backing
+			// directories are closed when the last is forgotten.
+			if v.mntID != 0 {
+				err = v.unmountOwn()
+			}
+			v.hub.detach(v)
+			return
+		}
 		if v.devFD >= 0 {
 			// We mounted it, so we unmount it: exactly the mount we made,
 			// found without following symlinks and by its mount id, then
@@ -530,26 +622,41 @@ func (v *View) Unmount() error {
 				err = fmt.Errorf("unmount %s: %w", mp, e)
 			}
 		}
-		if v.server != nil {
-			select {
-			case <-v.done:
-			case <-time.After(10 * time.Second):
-				err = errors.Join(err, fmt.Errorf("unmount %s: server did not stop", mp))
+		release := func() {
+			if v.devFD >= 0 {
+				unix.Close(v.devFD)
+				v.devFD = -1
 			}
+			v.closeBacking()
 		}
-		if v.devFD >= 0 {
-			unix.Close(v.devFD)
-			v.devFD = -1
+		if v.server == nil {
+			release()
+			return
 		}
-		v.closeBacking()
+		select {
+		case <-v.done:
+			release()
+		case <-time.After(time.Second):
+			// A file still open keeps a detached mount's connection alive
+			// until it is closed. The view does nothing meanwhile (closed);
+			// its descriptors go when the connection ends, never before
+			// (an operation in flight must not meet a reused fd number).
+			v.log.Info("view detached; its connection ends when its last open file is closed", "mountpoint", mp)
+			go func() {
+				<-v.done
+				release()
+			}()
+		}
 	})
 	return err
 }
 
 func (v *View) closeBacking() {
+	v.backingMu.Lock()
+	defer v.backingMu.Unlock()
 	for i, b := range v.spaces {
 		if b != nil {
-			b.close()
+			b.release()
 			v.spaces[i] = nil
 		}
 	}
@@ -585,18 +692,21 @@ func (v *View) unmountOwn() error {
 // ClearStale unmounts a mountpoint left behind by a crashed daemon: a
 // FUSE mount whose connection is gone (ENOTCONN). The mount root's own
 // attributes may still be cached, so liveness is probed with statfs, which
-// always reaches the daemon. A live mount there is an error: two views on
-// one mountpoint would hide each other.
+// always reaches the daemon. A live FUSE mount there is an error: two views
+// on one mountpoint would hide each other. It costs the same whatever the
+// number of mounts (no reading of /proc/self/mountinfo).
 func ClearStale(mp string) error {
 	for i := 0; i < 8; i++ {
-		fstype, mounted := mountType(mp)
-		if !mounted || !strings.HasPrefix(fstype, "fuse") {
-			return nil
-		}
 		var sfs unix.Statfs_t
 		err := unix.Statfs(mp, &sfs)
 		if err == nil {
-			return fmt.Errorf("%s is already a live %s mount; unmount it or pick another mountpoint", mp, fstype)
+			if sfs.Type == fuseSuperMagic && isMountRoot(mp) {
+				return fmt.Errorf("%s is already a live FUSE mount; unmount it or pick another mountpoint", mp)
+			}
+			return nil
+		}
+		if errors.Is(err, unix.ENOENT) {
+			return nil
 		}
 		if !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
 			return fmt.Errorf("probe %s: %w", mp, err)
@@ -611,45 +721,22 @@ func ClearStale(mp string) error {
 	return fmt.Errorf("clear stale mounts on %s: too many stacked", mp)
 }
 
-// mountType reports the filesystem type mounted exactly at mp, from
-// /proc/self/mountinfo (the last, i.e. topmost, entry wins).
-func mountType(mp string) (string, bool) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", false
-	}
-	fstype, found := "", false
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 10 || unescapeMount(fields[4]) != mp {
-			continue
-		}
-		for i := 6; i < len(fields); i++ {
-			if fields[i] == "-" && i+1 < len(fields) {
-				fstype, found = fields[i+1], true
-				break
-			}
-		}
-	}
-	return fstype, found
-}
+const fuseSuperMagic = 0x65735546
 
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
+// isMountRoot reports whether mp is the root of a mount (statx's
+// STATX_ATTR_MOUNT_ROOT, Linux ≥ 5.8; on older kernels, a different mount
+// id than its parent's).
+func isMountRoot(mp string) bool {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, mp, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &stx); err != nil {
+		return false
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
 	}
-	return b.String()
+	var parent unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(mp), 0, unix.STATX_MNT_ID, &parent); err != nil {
+		return false
+	}
+	return parent.Mnt_id != stx.Mnt_id
 }

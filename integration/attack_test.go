@@ -459,3 +459,67 @@ func TestAttackAncestorsAboveTheBackingRoot(t *testing.T) {
 		t.Fatalf("through the view, past a 0700 ancestor: %s", out)
 	}
 }
+
+// Class 11: the shared connection. Every view of a root daemon is a bind
+// mount of one FUSE mount (the hub). The hub itself must be out of every
+// caller's reach; two sessions over the same backing tree must never
+// share a node (go-fuse merges nodes with equal inode numbers, and a node
+// decides with its own session's context); and a file held open in a
+// view must do nothing once its session is closed.
+func TestAttackSharedConnection(t *testing.T) {
+	if os.Getenv("CONDFS_TEST_CONNECTIONS") == "per-session" {
+		t.Log("per-session connections: no hub; the node and held-file checks still run")
+	}
+	h := openHome(t, privateRule)
+	h.write("memories/private/p.md", "secret")
+	h.write("memories/open.md", "open")
+	chownTree(t, h.path("memories"), nobody)
+	d := startDaemon(t, h)
+	rootView := d.open("root-dm", dmCtx) // root's own session, in a DM
+	mine := d.openFor("mine", nobody, guildCtx)
+	// Root's session caches the private file's node first.
+	if b, err := os.ReadFile(rootView + "/memories/private/p.md"); err != nil || string(b) != "secret" {
+		t.Fatalf("root's DM view: %q %v", b, err)
+	}
+	sh := startShell(t)
+	for _, p := range []string{"/memories/private/p.md", "/memories/private"} {
+		if ok, res := sh.do("cat", mine+p); ok {
+			t.Fatalf("a guild session read %s through a node another session made: %q", p, res)
+		}
+	}
+	if ok, names := sh.do("ls", mine+"/memories"); !ok || strings.Contains(names, "private") {
+		t.Fatalf("guild view lists %q (%v)", names, ok)
+	}
+	// The hub, where every session's view lives, is not reachable.
+	hub := filepath.Join(filepath.Dir(d.socket), "hub")
+	if _, err := os.Stat(hub); err == nil {
+		for _, p := range []string{hub, hub + "/1", hub + "/2", hub + "/2/memories/private/p.md", hub + "/1/memories/private/p.md"} {
+			if ok, res := sh.do("cat", p); ok {
+				t.Fatalf("read %s through the hub: %q", p, res)
+			}
+			if ok, res := sh.do("ls", p); ok {
+				t.Fatalf("listed %s through the hub: %q", p, res)
+			}
+		}
+	}
+	// A file held open across session.close does nothing afterwards.
+	ok, id := sh.do("open", mine+"/memories/open.md")
+	if !ok {
+		t.Fatalf("open in own view: %s", id)
+	}
+	if ok, res := sh.do("read", id); !ok || res != "open" {
+		t.Fatalf("read before close: %q %v", res, ok)
+	}
+	d.call("session.close", map[string]any{"id": "mine"}, nil)
+	if ok, res := sh.do("read", id); ok {
+		t.Fatalf("a file held across session.close still reads: %q", res)
+	}
+	if ok, _ := sh.do("write", id, "X"); ok {
+		t.Fatal("a file held across session.close still writes")
+	}
+	sh.do("close", id)
+	// Root's session is untouched by the other's close.
+	if b, err := os.ReadFile(rootView + "/memories/private/p.md"); err != nil || string(b) != "secret" {
+		t.Fatalf("root's view after the other session closed: %q %v", b, err)
+	}
+}

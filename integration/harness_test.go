@@ -130,7 +130,12 @@ func startDaemon(t testing.TB, h *home, extra ...string) *daemon {
 	requireFUSE(t)
 	d := &daemon{t: t, home: h, socket: filepath.Join(h.root, "run", "condfs.sock"), exited: make(chan struct{})}
 	d.logs = syncBuilder{b: &strings.Builder{}, mu: make(chan struct{}, 1)}
-	args := append([]string{"serve", "--root", h.root, "--socket", d.socket, "--log-level", "debug"}, extra...)
+	args := []string{"serve", "--root", h.root, "--socket", d.socket, "--log-level", "debug"}
+	if c := os.Getenv("CONDFS_TEST_CONNECTIONS"); c != "" {
+		// make test runs the no-stale tests on both kinds of connection.
+		args = append(args, "--connections="+c)
+	}
+	args = append(args, extra...)
 	d.cmd = exec.Command(condfsBin, args...)
 	lw := d.logs
 	d.cmd.Stdout, d.cmd.Stderr = lw, lw

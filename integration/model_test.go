@@ -115,6 +115,11 @@ type model struct {
 	// still answer (conditions.md guarantees revocation for those events),
 	// so held handles are not checked then.
 	backingChanged bool
+	// moved: renames through the root view, old name to new. This view's
+	// kernel may keep a dentry for the old name (up to its entry TTL) that
+	// leads to the same inode; an operation through it is decided by the
+	// inode's current name, so it is judged by that name (see via).
+	moved map[string]string
 }
 
 type heldFile struct {
@@ -224,18 +229,28 @@ func (m *model) step(i int) {
 		m.d.call("config.reload", map[string]any{}, nil)
 		desc = fmt.Sprintf("reload rules %d", m.rules)
 	case 2:
-		parentOK := m.nativeCan(filepath.Dir(p), 3) && m.visible(filepath.Dir(p)) && m.visible(p)
+		parentOK := m.via(p, func(p string) bool {
+			return m.nativeCan(filepath.Dir(p), 3) && m.visible(filepath.Dir(p)) && m.visible(p)
+		})
 		ok, _ = m.sh.do("creat", v+p, fmt.Sprintf("c%d", i))
 		desc = fmt.Sprintf("creat %s: %v", p, ok)
 		if ok {
 			var st syscall.Stat_t
-			syscall.Lstat(m.backing(p), &st)
+			if syscall.Lstat(m.backing(p), &st) != nil {
+				for _, a := range m.aliases(p) {
+					if syscall.Lstat(m.backing(a), &st) == nil {
+						break
+					}
+				}
+			}
 			if !parentOK || st.Uid != nobody {
 				m.fail("%s succeeded (native or rules refuse: parent %v), owner %d", desc, parentOK, st.Uid)
 			}
 		}
 	case 3:
-		parentOK := m.nativeCan(filepath.Dir(p), 3) && m.visible(filepath.Dir(p)) && m.visible(p)
+		parentOK := m.via(p, func(p string) bool {
+			return m.nativeCan(filepath.Dir(p), 3) && m.visible(filepath.Dir(p)) && m.visible(p)
+		})
 		ok, _ = m.sh.do("mkdir", v+p)
 		desc = fmt.Sprintf("mkdir %s: %v", p, ok)
 		if ok && !parentOK {
@@ -246,18 +261,23 @@ func (m *model) step(i int) {
 		if op == 5 {
 			verb = "exchange"
 		}
-		allowed := m.visible(p) && m.visible(q) && m.nativeCan(filepath.Dir(p), 3) && m.nativeCan(filepath.Dir(q), 3) && !m.hidden(p)
-		if op == 5 {
-			allowed = allowed && !m.hidden(q)
-		}
-		// A directory holding ruled paths never moves.
-		for _, side := range []string{p, q} {
-			if st, err := os.Lstat(m.backing(side)); err == nil && st.IsDir() && (m.cfg.HasRulesUnder(acl.Memories, p) || m.cfg.HasRulesUnder(acl.Memories, q)) {
-				if side == p || op == 5 {
-					allowed = false
+		allowed := m.via(p, func(p string) bool {
+			return m.via(q, func(q string) bool {
+				ok := m.visible(p) && m.visible(q) && m.nativeCan(filepath.Dir(p), 3) && m.nativeCan(filepath.Dir(q), 3) && !m.hidden(p)
+				if op == 5 {
+					ok = ok && !m.hidden(q)
 				}
-			}
-		}
+				// A directory holding ruled paths never moves.
+				for _, side := range []string{p, q} {
+					if st, err := os.Lstat(m.backing(side)); err == nil && st.IsDir() && (m.cfg.HasRulesUnder(acl.Memories, p) || m.cfg.HasRulesUnder(acl.Memories, q)) {
+						if side == p || op == 5 {
+							ok = false
+						}
+					}
+				}
+				return ok
+			})
+		})
 		if p == q {
 			// The kernel answers a rename onto itself without asking the
 			// filesystem: a no-op, not an authority question.
@@ -278,7 +298,9 @@ func (m *model) step(i int) {
 			m.fail("%s: link in a space with rules", desc)
 		}
 	case 7:
-		allowed := m.visible(p) && !m.hidden(p) && m.nativeCan(filepath.Dir(p), 3)
+		allowed := m.via(p, func(p string) bool {
+			return m.visible(p) && !m.hidden(p) && m.nativeCan(filepath.Dir(p), 3)
+		})
 		ok, _ = m.sh.do("unlink", v+p)
 		desc = fmt.Sprintf("unlink %s: %v", p, ok)
 		if ok && !allowed {
@@ -286,9 +308,11 @@ func (m *model) step(i int) {
 		}
 	case 8:
 		mode := []string{"000", "600", "644", "700", "755", "777"}[m.rng.Intn(6)]
-		var st syscall.Stat_t
-		owned := syscall.Lstat(m.backing(p), &st) == nil && st.Uid == nobody
-		allowed := owned && m.visible(p) && !m.hidden(p) && m.nativeCan(filepath.Dir(p), 1)
+		allowed := m.via(p, func(p string) bool {
+			var st syscall.Stat_t
+			owned := syscall.Lstat(m.backing(p), &st) == nil && st.Uid == nobody
+			return owned && m.visible(p) && !m.hidden(p) && m.nativeCan(filepath.Dir(p), 1)
+		})
 		ok, _ = m.sh.do("chmod", v+p, mode)
 		desc = fmt.Sprintf("chmod %s %s: %v", p, mode, ok)
 		if ok && !allowed {
@@ -298,7 +322,14 @@ func (m *model) step(i int) {
 		if len(m.handles) >= 4 {
 			return
 		}
-		allowed := m.visible(p) && !m.hidden(p) && m.nativeCan(p, 6)
+		at := p // where the opened inode is
+		allowed := m.via(p, func(a string) bool {
+			ok := m.visible(a) && !m.hidden(a) && m.nativeCan(a, 6)
+			if ok {
+				at = a
+			}
+			return ok
+		})
 		var id string
 		ok, id = m.sh.do("open", v+p)
 		desc = fmt.Sprintf("open %s: %v", p, ok)
@@ -307,8 +338,8 @@ func (m *model) step(i int) {
 				m.fail("%s succeeded where native or the rules refuse", desc)
 			}
 			var st syscall.Stat_t
-			syscall.Lstat(m.backing(p), &st)
-			m.handles[id] = &heldFile{ino: st.Ino, last: p}
+			syscall.Lstat(m.backing(at), &st)
+			m.handles[id] = &heldFile{ino: st.Ino, last: at}
 			desc += " as handle " + id
 		}
 	case 10, 11, 12:
@@ -341,6 +372,7 @@ func (m *model) step(i int) {
 		err := os.Rename(m.other+"/memories"+p, m.other+"/memories"+dst)
 		if err == nil {
 			m.backingChanged = false
+			m.moved[p] = dst
 		}
 		desc = fmt.Sprintf("root view: rename %s %s: %v", p, dst, err == nil)
 	case 14:
@@ -356,6 +388,43 @@ func (m *model) step(i int) {
 	if desc != "" {
 		m.log = append(m.log, fmt.Sprintf("%d: %s", i, desc))
 	}
+}
+
+// via judges an operation on p: by p, or by a name a rename through the
+// root view gave what p named (this view's kernel may still resolve p to
+// that inode, which the daemon then decides by its current name).
+func (m *model) via(p string, allowed func(string) bool) bool {
+	if allowed(p) {
+		return true
+	}
+	for _, a := range m.aliases(p) {
+		if allowed(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// aliases: the current names of what p, or a directory above it, named
+// before renames through the root view (followed a few hops).
+func (m *model) aliases(p string) []string {
+	seen := map[string]bool{p: true}
+	var out []string
+	for frontier := []string{p}; len(frontier) > 0 && len(out) < 64; {
+		cur := frontier[0]
+		frontier = frontier[1:]
+		for from, to := range m.moved {
+			if cur == from || strings.HasPrefix(cur, from+"/") {
+				next := to + strings.TrimPrefix(cur, from)
+				if !seen[next] {
+					seen[next] = true
+					out = append(out, next)
+					frontier = append(frontier, next)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // hidden: the view hides multiply-linked regular files (this space has
@@ -463,7 +532,7 @@ func modelRun(t *testing.T, seed int64, steps int) {
 		}
 		chownTree(t, h.path("memories"), nobody)
 		d := startDaemon(t, h)
-		m := &model{t: t, h: h, d: d, handles: map[string]*heldFile{}, rng: rand.New(rand.NewSource(seed))}
+		m := &model{t: t, h: h, d: d, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed))}
 		m.setRules(0)
 		m.setContext(true)
 		m.view = d.openFor("a", nobody, dmCtx)

@@ -57,6 +57,9 @@ unmount every view and remove the socket.`, stderr)
 	mountRoot := fs.String("mount-root", filepath.Join(runDir(), "views"), "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
 	maxConns := fs.Int("max-conns", 1024, "most control connections served at once")
 	stateDir := fs.String("state-dir", "", "where sessions are kept across crashes and restarts (default: the socket's directory; \"none\" keeps none)")
+	connections := fs.String("connections", defaultConnections(), "shared: one FUSE connection serves every session, each view a bind mount of it (root only; threads stay bounded at thousands of sessions); per-session: a connection per view")
+	hubDir := fs.String("hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
+	maxSessions := fs.Int("max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits)")
 	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -117,6 +120,19 @@ unmount every view and remove the socket.`, stderr)
 	case "none":
 		*stateDir = ""
 	}
+	switch *connections {
+	case "shared":
+		if os.Geteuid() != 0 {
+			return usageErr(stderr, fs, "--connections=shared needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
+		}
+		if *hubDir == "" {
+			*hubDir = filepath.Join(filepath.Dir(*socket), "hub")
+		}
+	case "per-session":
+		*hubDir = ""
+	default:
+		return usageErr(stderr, fs, "--connections %q: want shared or per-session", *connections)
+	}
 	if *allowOther && os.Geteuid() != 0 {
 		return usageErr(stderr, fs, "--allow-other needs a root daemon: one that cannot act as its callers serves its own uid only")
 	}
@@ -138,6 +154,7 @@ unmount every view and remove the socket.`, stderr)
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
 		MountRoot: *mountRoot, MaxConns: *maxConns, StateDir: *stateDir,
+		HubDir: *hubDir, MaxSessions: *maxSessions,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {
@@ -176,4 +193,13 @@ func parseContextFlags(vals []string) (cctx.Set, error) {
 		return cctx.Parse([]byte(vals[0]))
 	}
 	return cctx.NewSet(vals)
+}
+
+// defaultConnections: a root daemon shares one FUSE connection among its
+// sessions; one that is not root cannot bind mount, so mounts one each.
+func defaultConnections() string {
+	if os.Geteuid() == 0 {
+		return "shared"
+	}
+	return "per-session"
 }

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Resources one session holds, for DefaultMaxSessions: file descriptors
+// (its state file, and slack for its open files and transient ones; the
+// backing directories are shared by all views; a connection of its own adds
+// the /dev/fuse fd and its dup) and, with a connection of its own, the
+// OS threads go-fuse's blocking readers pin (measured: about three).
+const (
+	fdsPerSession       = 4
+	fdsPerOwnConnection = 2
+	threadsPerOwnConn   = 4
+	reservedFDs         = 512  // sockets, config files, open files' fds
+	reservedThreads     = 1000 // the runtime, socket handlers, FUSE handlers
+	maxSessionsCap      = 100_000
+)
+
+// RaiseFileLimit raises the soft RLIMIT_NOFILE to the hard one: each
+// session holds descriptors, and the soft default (often 1024) would cap a
+// node at a few hundred sessions. Go itself raises it at start since 1.19;
+// this also covers a limit lowered after that.
+func RaiseFileLimit() {
+	var r unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) != nil {
+		return
+	}
+	// Root may raise the hard limit too, up to fs.nr_open.
+	if want := nrOpen(); r.Max < want && unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: want, Max: want}) == nil {
+		return
+	}
+	if r.Cur < r.Max {
+		r.Cur = r.Max
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &r)
+	}
+}
+
+// nrOpen is fs.nr_open (the most any process may hold), capped at 2^20.
+func nrOpen() uint64 {
+	b, err := os.ReadFile("/proc/sys/fs/nr_open")
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return min(n, 1<<20)
+}
+
+// DefaultMaxSessions is the most sessions this process can hold without
+// running out of file descriptors or, with a FUSE connection per session,
+// of the Go runtime's threads (debug.SetMaxThreads, 10,000 by default;
+// exhausting it kills the process). Beyond it session.open is refused.
+func DefaultMaxSessions(hub bool) int {
+	var r unix.Rlimit
+	fds := uint64(1024)
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) == nil {
+		fds = r.Cur
+	}
+	per := uint64(fdsPerSession)
+	if !hub {
+		per += fdsPerOwnConnection
+	}
+	n := maxSessionsCap
+	if fds > reservedFDs {
+		n = min(n, int((fds-reservedFDs)/per))
+	} else {
+		n = 1
+	}
+	if !hub {
+		threads := debug.SetMaxThreads(10000)
+		debug.SetMaxThreads(threads)
+		n = min(n, max(1, (threads-reservedThreads)/threadsPerOwnConn))
+	}
+	return max(n, 1)
+}

@@ -1,0 +1,289 @@
+package fsys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/safepath"
+)
+
+// A Hub is one FUSE connection that serves the views of many sessions. Its
+// mount, in a directory only root can enter, holds one directory per view;
+// each view is that directory bind-mounted at the session's mountpoint.
+//
+// Why: go-fuse reads /dev/fuse with a blocking read(2), so every
+// connection holds at least one OS thread while idle, and a connection per
+// session runs the Go runtime out of threads at a few thousand sessions.
+// One connection bounds the threads by go-fuse's reader limit whatever the
+// session count. Bind mounts need CAP_SYS_ADMIN, so only a root daemon uses
+// a hub; a daemon that is not root mounts a connection per view.
+//
+// Each view's nodes carry the view's own generation number, so two sessions
+// over the same backing tree never share a node (go-fuse merges nodes with
+// equal StableAttr). A context switch invalidates the entries of that view
+// only, one by one (the epoch notification is per connection and would
+// drop every session's cache); a reload, which concerns every view, may
+// bump the epoch once.
+type Hub struct {
+	dir     string
+	root    *hubRoot
+	server  *fuse.Server
+	devFD   int
+	dirFD   int // O_PATH fd of the mounted hub root, to reach views by name
+	mntID   uint64
+	epoch   bool
+	log     *slog.Logger
+	done    chan struct{}
+	seq     atomic.Uint64
+	panics  atomic.Int64
+	closing atomic.Bool
+	closeMu sync.Once
+	timeout time.Duration
+	mu      sync.Mutex
+	views   int
+}
+
+// HubOptions configure a hub.
+type HubOptions struct {
+	// Dir is the hub's mountpoint, created 0700 if missing. Callers never
+	// use it; the views are reached through their own mountpoints.
+	Dir string
+	// AttrTimeout is the kernel's positive entry and attribute cache time
+	// for every view of the hub; 0 means 1s.
+	AttrTimeout time.Duration
+	Logger      *slog.Logger
+	Debug       bool
+}
+
+// hubRoot is the hub's mount root: one child per view, added and removed
+// by the daemon only. Mode 0700 root with default_permissions: no caller
+// but root walks through it, and root callers are refused by each view
+// (admits) unless a view is theirs.
+type hubRoot struct {
+	fs.Inode
+	mountedAt time.Time
+}
+
+var (
+	_ fs.NodeGetattrer = (*hubRoot)(nil)
+	_ fs.NodeReaddirer = (*hubRoot)(nil)
+)
+
+func (r *hubRoot) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o700
+	out.Nlink = 2
+	out.Uid, out.Gid = 0, 0
+	out.SetTimes(&r.mountedAt, &r.mountedAt, &r.mountedAt)
+	return 0
+}
+
+// Readdir lists nothing: the views are not there to be found.
+func (r *hubRoot) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	return fs.NewListDirStream(nil), 0
+}
+
+// NewHub mounts a hub at o.Dir. It needs a root daemon.
+func NewHub(o HubOptions) (*Hub, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("fsys: a hub needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
+	}
+	if o.AttrTimeout == 0 {
+		o.AttrTimeout = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	h := &Hub{dir: o.Dir, devFD: -1, dirFD: -1, log: o.Logger, done: make(chan struct{}), timeout: o.AttrTimeout}
+	h.root = &hubRoot{mountedAt: time.Now()}
+	if err := safepath.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
+	}
+	if err := ClearStale(o.Dir); err != nil {
+		return nil, fmt.Errorf("hub: %w", err)
+	}
+	zero := time.Duration(0)
+	fsOpts := &fs.Options{
+		EntryTimeout:    &h.timeout,
+		AttrTimeout:     &h.timeout,
+		NegativeTimeout: &zero,
+		MountOptions:    viewMountOptions(true, o.Debug),
+		RootStableAttr:  &fs.StableAttr{Ino: 1},
+	}
+	rawFS := guardFS{RawFileSystem: fs.NewNodeFS(h.root, fsOpts), panics: &h.panics, log: h.log}
+	mpfd, err := safepath.OpenDir(o.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
+	}
+	fd, err := mountFUSE(mpfd, true)
+	unix.Close(mpfd)
+	if err != nil {
+		return nil, fmt.Errorf("hub: mount %s: %w", o.Dir, err)
+	}
+	// Nothing mounted below the hub spreads to other namespaces, and
+	// nothing mounted elsewhere spreads into it.
+	if err := unix.Mount("", o.Dir, "", unix.MS_PRIVATE, ""); err != nil {
+		unix.Unmount(o.Dir, unix.MNT_DETACH)
+		unix.Close(fd)
+		return nil, fmt.Errorf("hub: make %s private: %w", o.Dir, err)
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		unix.Unmount(o.Dir, unix.MNT_DETACH)
+		unix.Close(fd)
+		return nil, fmt.Errorf("hub: dup /dev/fuse: %w", err)
+	}
+	h.devFD = dup
+	server, err := fuse.NewServer(rawFS, fmt.Sprintf("/dev/fd/%d", fd), &fsOpts.MountOptions)
+	if err != nil {
+		unix.Unmount(o.Dir, unix.MNT_DETACH)
+		unix.Close(fd)
+		unix.Close(dup)
+		return nil, fmt.Errorf("hub: %w", err)
+	}
+	h.server = server
+	go func() {
+		server.Serve()
+		close(h.done)
+	}()
+	if err := server.WaitMount(); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("hub: %w", err)
+	}
+	if h.dirFD, err = safepath.OpenDir(o.Dir); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("hub: %w", err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(h.dirFD, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("hub: %w", err)
+	}
+	h.mntID = stx.Mnt_id
+	if os.Getenv("CONDFS_INVALIDATION") != "entries" {
+		h.epoch = incEpoch(h.devFD) == nil
+	}
+	h.log.Info("hub mounted", "dir", o.Dir, "inc_epoch", h.epoch)
+	return h, nil
+}
+
+// Panics counts the FUSE operations of the hub's views that panicked.
+func (h *Hub) Panics() int64 { return h.panics.Load() }
+
+// Views is the number of views attached.
+func (h *Hub) Views() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.views
+}
+
+// attach adds v's root to the hub and bind-mounts it on the directory
+// mpfd; it returns the mount's id.
+func (h *Hub) attach(v *View, mpfd int) error {
+	if h.closing.Load() {
+		return errors.New("hub is closing")
+	}
+	name := strconv.FormatUint(v.gen, 10)
+	ch := h.root.NewPersistentInode(context.Background(), v.root, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: 1, Gen: v.gen})
+	h.root.AddChild(name, ch, false)
+	v.hubName = name
+	h.mu.Lock()
+	h.views++
+	h.mu.Unlock()
+	id, err := bindMount(h.dirFD, name, mpfd, v.opts.Mountpoint)
+	if err != nil {
+		h.detach(v)
+		return err
+	}
+	v.mntID = id
+	return nil
+}
+
+// bindMount mounts a clone of dirfd/name on mpfd (the directory at mp):
+// open_tree and move_mount (Linux ≥ 5.2), else a bind mount through
+// /proc/self/fd.
+func bindMount(dirfd int, name string, mpfd int, mp string) (uint64, error) {
+	tree, err := unix.OpenTree(dirfd, name, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+	if err == nil {
+		defer unix.Close(tree)
+		var stx unix.Statx_t
+		if err := unix.Statx(tree, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+			return 0, fmt.Errorf("statx the new mount: %w", err)
+		}
+		if err := unix.MoveMount(tree, "", mpfd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+			return 0, fmt.Errorf("move_mount: %w", err)
+		}
+		return stx.Mnt_id, nil
+	}
+	if !errors.Is(err, unix.ENOSYS) {
+		return 0, fmt.Errorf("open_tree: %w", err)
+	}
+	src, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("open the view in the hub: %w", err)
+	}
+	defer unix.Close(src)
+	if err := unix.Mount(procPath(src), procPath(mpfd), "", unix.MS_BIND, ""); err != nil {
+		return 0, fmt.Errorf("bind mount: %w", err)
+	}
+	return mountID(mp)
+}
+
+// detach removes v's root from the hub and asks the kernel to drop its
+// dentry, so that its nodes are forgotten once nothing uses them; v's
+// backing directories are closed then (rootNode.OnForget).
+func (h *Hub) detach(v *View) {
+	if v.hubName == "" {
+		return
+	}
+	ch := h.root.GetChild(v.hubName)
+	h.root.RmChild(v.hubName)
+	if errno := h.root.NotifyEntry(v.hubName); errno != 0 && errno != syscall.ENOENT {
+		h.log.Debug("NotifyEntry", "view", v.hubName, "errno", errno)
+	}
+	if ch != nil {
+		ch.ForgetPersistent()
+	}
+	h.mu.Lock()
+	h.views--
+	h.mu.Unlock()
+}
+
+// Close unmounts the hub and waits for its server to stop. Views still
+// attached stop working (ENOTCONN).
+func (h *Hub) Close() error {
+	var err error
+	h.closeMu.Do(func() {
+		h.closing.Store(true)
+		if h.dirFD >= 0 {
+			unix.Close(h.dirFD)
+			h.dirFD = -1
+		}
+		if e := unix.Unmount(h.dir, unix.MNT_DETACH); e != nil && e != unix.EINVAL {
+			err = fmt.Errorf("unmount hub %s: %w", h.dir, e)
+		}
+		if h.server != nil {
+			select {
+			case <-h.done:
+			case <-time.After(10 * time.Second):
+				err = errors.Join(err, fmt.Errorf("unmount hub %s: server did not stop", h.dir))
+			}
+		}
+		if h.devFD >= 0 {
+			unix.Close(h.devFD)
+			h.devFD = -1
+		}
+	})
+	return err
+}

@@ -33,6 +33,7 @@ type entry struct {
 type program struct {
 	*expr.Program
 	falseReason string
+	pos         Diag // where the constraint is written (Msg unused)
 }
 
 // Warnings returns the lint warnings found at load (bare words).
@@ -191,5 +192,6 @@ func (l *loader) compile(c *yaml.Node, consts *value.Value) *program {
 		l.diag(&l.errs, line, col, fmt.Sprintf("constraint %s: %s", value.Quote(c.Value), e.Msg))
 		return nil
 	}
-	return &program{Program: prog, falseReason: fmt.Sprintf("constraint `%s` is false", c.Value)}
+	return &program{Program: prog, falseReason: fmt.Sprintf("constraint `%s` is false", c.Value),
+		pos: Diag{File: l.file, Line: c.Line, Col: c.Column}}
 }

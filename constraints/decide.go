@@ -59,7 +59,10 @@ func deny(reasons ...string) Decision {
 }
 
 // Decide decides one call. It never fails and is safe for concurrent use.
-func (p *Policy) Decide(r *Request) Decision {
+func (p *Policy) Decide(r *Request) Decision { return p.decide(r, nil) }
+
+// decide is Decide, recording in cov (if set) the constraints made false.
+func (p *Policy) decide(r *Request, cov *Coverage) Decision {
 	if r.Invalid != "" {
 		return deny("invalid request: " + r.Invalid)
 	}
@@ -82,15 +85,14 @@ func (p *Policy) Decide(r *Request) Decision {
 		e.Ctx = &emptyObject
 	}
 	if len(r.Roles) == 0 {
-		d := p.decideRole(e, r.Tool, "default", nil)
-		return d
+		return p.decideRole(e, r.Tool, "default", nil, cov)
 	}
 	var approval Decision
 	var reasons []string
 	for i := range r.Roles {
 		name := &r.Roles[i]
 		e.Role = value.MakeString(*name)
-		d := p.decideRole(e, r.Tool, *name, name)
+		d := p.decideRole(e, r.Tool, *name, name, cov)
 		switch d.Decision {
 		case Allow:
 			return d
@@ -112,7 +114,7 @@ func (p *Policy) Decide(r *Request) Decision {
 
 // decideRole decides for one named role (or for no role when caller is
 // nil); unknown roles and mixins fall back to "default".
-func (p *Policy) decideRole(e *expr.Env, tool, name string, caller *string) Decision {
+func (p *Policy) decideRole(e *expr.Env, tool, name string, caller *string, cov *Coverage) Decision {
 	ro := p.roles[name]
 	if ro == nil {
 		ro = p.roles["default"]
@@ -127,10 +129,10 @@ func (p *Policy) decideRole(e *expr.Env, tool, name string, caller *string) Deci
 	if ent.mode == Deny {
 		return deny(fmt.Sprintf("tool %q is denied for role %s", tool, ro.name))
 	}
-	if why, ok := runAll(e, ro.pre); !ok {
+	if why, ok := runAll(e, ro.pre, cov); !ok {
 		return deny(why)
 	}
-	if why, ok := runAll(e, ent.progs); !ok {
+	if why, ok := runAll(e, ent.progs, cov); !ok {
 		return deny(why)
 	}
 	if caller == nil {
@@ -139,13 +141,16 @@ func (p *Policy) decideRole(e *expr.Env, tool, name string, caller *string) Deci
 	return Decision{Decision: ent.mode, Role: caller}
 }
 
-func runAll(e *expr.Env, progs []*program) (string, bool) {
+func runAll(e *expr.Env, progs []*program, cov *Coverage) (string, bool) {
 	for _, pr := range progs {
 		e.Why = ""
 		switch pr.Eval(e) {
 		case expr.True:
 			continue
 		case expr.False:
+			if cov != nil {
+				cov.falsified[pr] = true
+			}
 			return pr.falseReason, false
 		default:
 			why := e.Why

@@ -22,6 +22,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(w, `Usage: condfs policy lint FILE
        condfs policy eval --policy FILE [--role R]... --tool T --args JSON [--ctx JSON] [--context ATOM]...
        condfs policy eval --policy FILE --batch < calls.jsonl
+       condfs policy test --policy FILE [--coverage] TESTS...
 
 lint   loads a policy file and prints every error and warning as FILE:LINE:COL: message.
 eval   decides one tool call and prints {"decision","role","reasons"}; with --batch it
@@ -29,7 +30,12 @@ eval   decides one tool call and prints {"decision","role","reasons"}; with --ba
        stdin and prints one decision per line (replay a log of real calls against a
        new policy before you deploy it).
 
-Exit status: 0 for any decision, 2 when the policy fails to load.
+test   decides the cases of YAML test files (name, request, decision, reason) and
+       prints each failure as FILE:LINE:COL, then "N passed, N failed"; --coverage
+       lists the constraints no case made false.
+
+Exit status: 0 for any decision (test: 1 when a case fails), 2 when the policy or a
+test file fails to load.
 `)
 		if len(args) == 0 {
 			return exitError{exitUsage}
@@ -41,8 +47,10 @@ Exit status: 0 for any decision, 2 when the policy fails to load.
 		return policyLint(args[1:], stdout, stderr)
 	case "eval":
 		return policyEval(args[1:], stdout, stderr, os.Stdin)
+	case "test":
+		return policyTest(args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "condfs policy: unknown subcommand %q (want lint or eval)\n", args[0])
+	fmt.Fprintf(stderr, "condfs policy: unknown subcommand %q (want lint, eval or test)\n", args[0])
 	return exitError{exitUsage}
 }
 

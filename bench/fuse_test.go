@@ -24,6 +24,7 @@ import (
 //	cd bench && go test -run '^$' -bench 'FS|ContextSet' -benchtime 2s
 //
 // CONDFS_BENCH_BIG sets the sequential-read file size in MiB (default 1024).
+// CONDFS_BENCH_METRICS=1 serves the daemon's metrics (FUSE requests timed).
 // CONDFS_BENCH_UID runs every operation as that uid (the benchmark thread's
 // fsuid and fsgid; FUSE requests carry them), so that condfs acts as a
 // non-root caller; the session is opened for that uid.
@@ -73,7 +74,7 @@ func setup() (*fixture, error) {
 	// loop/workspace (loopback of home) and mnt/workspace (the view).
 	loopDir, mnt := filepath.Join(tmp, "loop"), filepath.Join(tmp, "mnt")
 	os.MkdirAll(loopDir, 0o755)
-	os.WriteFile(filepath.Join(home, "config/conditions.toml"), []byte(rules1000()), 0o644)
+	os.WriteFile(filepath.Join(home, "config/conditions.toml"), []byte(rules1000()+macroRules), 0o644)
 	f.backing = filepath.Join(home, "workspace")
 	if err := populate(f.backing); err != nil {
 		return f, err
@@ -98,7 +99,13 @@ func setup() (*fixture, error) {
 	}
 	// condfs with 1,000 rules.
 	sock := filepath.Join(tmp, "run/condfs.sock")
-	d := exec.Command(filepath.Join(bin, "condfs"), "serve", "--root", home, "--socket", sock, "--log-level", "error", "--state-dir", os.Getenv("CONDFS_BENCH_STATE"))
+	args := []string{"serve", "--root", home, "--socket", sock, "--log-level", "error", "--state-dir", os.Getenv("CONDFS_BENCH_STATE")}
+	if os.Getenv("CONDFS_BENCH_METRICS") != "" {
+		// Every FUSE request timed into a histogram: its cost shows
+		// against a run without.
+		args = append(args, "--metrics", filepath.Join(tmp, "metrics.sock"))
+	}
+	d := exec.Command(filepath.Join(bin, "condfs"), args...)
 	d.Stderr = os.Stderr
 	if err := d.Start(); err != nil {
 		return f, err
@@ -199,7 +206,7 @@ func wantsFUSE() bool {
 	for _, a := range os.Args {
 		if strings.HasPrefix(a, "-test.bench=") && a != "-test.bench=" {
 			pat := strings.TrimPrefix(a, "-test.bench=")
-			return pat == "." || strings.Contains(pat, "FS") || strings.Contains(pat, "ContextSet")
+			return pat == "." || strings.Contains(pat, "FS") || strings.Contains(pat, "ContextSet") || strings.Contains(pat, "Macro")
 		}
 	}
 	return false

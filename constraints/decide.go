@@ -163,6 +163,16 @@ func runAll(e *expr.Env, progs []*program, cov *Coverage) (string, bool) {
 	return "", true
 }
 
+// HasRole reports whether the policy defines a selectable role name
+// (mixins are not selectable).
+func (p *Policy) HasRole(name string) bool {
+	if p == nil {
+		return false
+	}
+	_, ok := p.roles[name]
+	return ok
+}
+
 // MayCall reports whether some call of tool could ever be allowed or sent
 // for approval for these roles: false only when every role that would
 // decide (default for none, unknown ones or mixins) has mode deny for it,

@@ -99,6 +99,10 @@ type Options struct {
 	// MaxConns bounds the connections served at once (default 1024); one
 	// more gets an error line and is closed.
 	MaxConns int
+	// OnConn, if set, is told of each connection admitted; OnError of the
+	// code of each error answered (metrics).
+	OnConn  func()
+	OnError func(code int)
 }
 
 // Server serves the control socket.
@@ -219,6 +223,7 @@ func (s *Server) Serve() error {
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
+				s.onError(CodeBusy)
 				refuse(c, s.opts.WriteTimeout, Errorf(CodeBusy, "the daemon serves %d connections already (--max-conns); close one and retry", s.opts.MaxConns))
 			}()
 			continue
@@ -303,6 +308,9 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		if resp.Error == nil && resp.Result == nil {
 			resp.Result = struct{}{}
 		}
+		if resp.Error != nil {
+			s.onError(resp.Error.Code)
+		}
 		b, err := json.Marshal(resp)
 		if err != nil {
 			b, _ = json.Marshal(response{JSONRPC: "2.0", ID: resp.ID, Error: Errorf(CodeInternal, "cannot encode the result: %v", err)})
@@ -317,6 +325,9 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.opts.Logger.Warn("control connection refused", "uid", uid)
 		send(response{Error: Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid)})
 		return
+	}
+	if s.opts.OnConn != nil {
+		s.opts.OnConn()
 	}
 	r := bufio.NewReaderSize(c, 64<<10)
 	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), uid))
@@ -395,6 +406,12 @@ func (s *Server) call(ctx context.Context, method string, params json.RawMessage
 		}
 	}()
 	return s.opts.Handler(ctx, method, params)
+}
+
+func (s *Server) onError(code int) {
+	if s.opts.OnError != nil {
+		s.opts.OnError(code)
+	}
 }
 
 // Panics counts the requests whose handler panicked.

@@ -67,6 +67,7 @@ func (l *denialLimiter) admit(k denialKey, now time.Time) (write bool, suppresse
 
 // auditPath records a denied path, rate-limited per session and path.
 func (d *Daemon) auditPath(session string, atoms cctx.Set, sp acl.Space, path, op string) {
+	d.metrics.PathDenial(sp.String(), op)
 	write, suppressed := d.denials.admit(denialKey{session, sp.String(), path, op}, time.Now())
 	if !write {
 		return

@@ -119,6 +119,12 @@ func (c *configFile[T]) reload(force bool) (changed bool, err error) {
 	return true, nil
 }
 
+// genAndTime is the generation and the time of the last good load.
+func (c *configFile[T]) genAndTime() (uint64, time.Time) {
+	st := c.status()
+	return uint64(st.Generation), st.LoadedAt
+}
+
 func (c *configFile[T]) status() FileStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -26,6 +26,7 @@ import (
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/fsys"
 	"github.com/condfs/condfs/internal/safepath"
+	"github.com/condfs/condfs/metrics"
 )
 
 // Version is reported by status.
@@ -59,6 +60,9 @@ type Config struct {
 	// StateDir holds sessions.json, the sessions restored after a crash;
 	// "" keeps no state.
 	StateDir string
+	// Metrics, if set, is where Prometheus metrics are served: a Unix
+	// socket path or a loopback host:port.
+	Metrics string
 	// FirstMount and FirstContext open a first session "default" before
 	// the socket accepts anyone, so that a client that can connect can
 	// also rely on the view.
@@ -71,13 +75,15 @@ type Config struct {
 
 // Daemon is a running condfs.
 type Daemon struct {
-	cfg        Config
-	log        *slog.Logger
-	audit      *slog.Logger
-	conditions *configFile[acl.Config]
-	policy     *configFile[constraints.Policy]
-	server     *control.Server
-	hub        *fsys.Hub // nil: a connection per session
+	cfg         Config
+	log         *slog.Logger
+	audit       *slog.Logger
+	conditions  *configFile[acl.Config]
+	policy      *configFile[constraints.Policy]
+	server      *control.Server
+	metrics     *metrics.Metrics // nil: off
+	stopMetrics func()
+	hub         *fsys.Hub // nil: a connection per session
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -151,8 +157,25 @@ func New(cfg Config) (*Daemon, error) {
 	if err := control.Live(cfg.Socket); err != nil {
 		return nil, err
 	}
+	if cfg.Metrics != "" {
+		d.metrics = metrics.New(d.openSessions, d.panics)
+		d.metrics.RegisterConfig("conditions", d.conditions.genAndTime)
+		d.metrics.RegisterConfig("policy", d.policy.genAndTime)
+		stop, err := d.metrics.Serve(context.Background(), cfg.Metrics, d.log)
+		if err != nil {
+			return nil, err
+		}
+		d.stopMetrics = stop
+		started := false
+		defer func() {
+			if !started {
+				stop()
+			}
+		}()
+		defer func() { started = d.server != nil && d.stopWatch != nil }()
+	}
 	if cfg.HubDir != "" {
-		h, err := fsys.NewHub(fsys.HubOptions{Dir: cfg.HubDir, Logger: d.log})
+		h, err := fsys.NewHub(fsys.HubOptions{Dir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver()})
 		if err != nil {
 			return nil, err
 		}
@@ -173,6 +196,7 @@ func New(cfg Config) (*Daemon, error) {
 	srv, err := control.Listen(control.Options{
 		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
 		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns,
+		OnConn: d.metrics.Conn, OnError: d.metrics.SocketError,
 	})
 	if err != nil {
 		d.closeAll()
@@ -203,6 +227,9 @@ func (d *Daemon) Close() error {
 	}
 	errs = append(errs, d.server.Close())
 	errs = append(errs, d.closeAll())
+	if d.stopMetrics != nil {
+		d.stopMetrics()
+	}
 	return errors.Join(errs...)
 }
 
@@ -302,7 +329,7 @@ func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Er
 		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
 		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
-		Logger: d.log, Hub: d.hub,
+		Logger: d.log, Hub: d.hub, Observe: d.fuseObserver(),
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
 			d.auditPath(id, atoms, sp, p, op)
 		},
@@ -396,16 +423,29 @@ func (d *Daemon) session(ctx context.Context, id string) (*session, *control.Err
 	return s, nil
 }
 
+func outcome(changed bool, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case changed:
+		return "ok"
+	}
+	return "unchanged"
+}
+
 // Reload re-reads both config files now (with force, even if unchanged)
 // and invalidates every view after a swap. It returns the config status.
 func (d *Daemon) Reload(force bool) map[string]FileStatus {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
 	condChanged, err := d.conditions.reload(force)
+	d.metrics.Reload("conditions", outcome(condChanged, err))
 	if err != nil {
 		d.log.Error("conditions reload failed; last good config stays", "err", err)
 	}
-	if _, err := d.policy.reload(force); err != nil {
+	polChanged, err := d.policy.reload(force)
+	d.metrics.Reload("policy", outcome(polChanged, err))
+	if err != nil {
 		d.log.Error("policy reload failed; last good policy stays", "err", err)
 	}
 	if condChanged {
@@ -425,6 +465,21 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		}
 	}
 	return d.configStatus()
+}
+
+// fuseObserver times FUSE requests for the metrics, or nil when they are
+// off (the views then skip the clock).
+func (d *Daemon) fuseObserver() func(string, time.Time) {
+	if d.metrics == nil {
+		return nil
+	}
+	return d.metrics.FUSEOp
+}
+
+func (d *Daemon) openSessions() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.sessions)
 }
 
 // limits: how many sessions are open, how many may be, and how views are
@@ -569,10 +624,12 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		// the one in force.
 		s.switchMu.Lock()
 		defer s.switchMu.Unlock()
+		start := time.Now()
 		d.saveSession(s, set)
 		if err := s.view.SetContext(set); err != nil {
 			return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 		}
+		d.metrics.ContextSwitch(time.Since(start))
 		d.log.Info("context set", "session", s.id, "atoms", set.Atoms())
 		return map[string]any{"atoms": set.Atoms()}, nil
 	case "context.get":
@@ -704,7 +761,16 @@ func (d *Daemon) decide(ctx context.Context, params json.RawMessage) (any, *cont
 		req.Atoms = &set
 	}
 	sessionID := req.Session
-	dec := d.policy.Load().Decide(&req)
+	pol := d.policy.Load()
+	dec := pol.Decide(&req)
+	role := "none"
+	if dec.Role != nil {
+		role = "unknown" // a caller's name that fell back to default
+		if pol.HasRole(*dec.Role) {
+			role = *dec.Role
+		}
+	}
+	d.metrics.Decision(dec.Decision.String(), role)
 	if dec.Reasons == nil {
 		dec.Reasons = []string{}
 	}

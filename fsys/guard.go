@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
@@ -18,6 +19,26 @@ type guardFS struct {
 	fuse.RawFileSystem
 	panics *atomic.Int64
 	log    *slog.Logger
+	// observe, if set, is told of every request when it ends (metrics).
+	observe func(op string, start time.Time)
+}
+
+func (g guardFS) now() time.Time {
+	if g.observe == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// done ends every request: it recovers a panic (recover works here because
+// done is the deferred call itself) and reports the request.
+func (g guardFS) done(op string, start time.Time, code *fuse.Status) {
+	if r := recover(); r != nil {
+		g.recovered(op, r, code)
+	}
+	if g.observe != nil {
+		g.observe(op, start)
+	}
 }
 
 func (g guardFS) recovered(op string, r any, code *fuse.Status) {
@@ -29,361 +50,201 @@ func (g guardFS) recovered(op string, r any, code *fuse.Status) {
 }
 
 func (g guardFS) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Lookup", r, &code)
-		}
-	}()
+	defer g.done("Lookup", g.now(), &code)
 	return g.RawFileSystem.Lookup(cancel, header, name, out)
 }
 
 func (g guardFS) Forget(nodeid uint64, nlookup uint64) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Forget", r, nil)
-		}
-	}()
+	defer g.done("Forget", g.now(), nil)
 	g.RawFileSystem.Forget(nodeid, nlookup)
 }
 
 func (g guardFS) GetAttr(cancel <-chan struct{}, input *fuse.GetAttrIn, out *fuse.AttrOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("GetAttr", r, &code)
-		}
-	}()
+	defer g.done("GetAttr", g.now(), &code)
 	return g.RawFileSystem.GetAttr(cancel, input, out)
 }
 
 func (g guardFS) SetAttr(cancel <-chan struct{}, input *fuse.SetAttrIn, out *fuse.AttrOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("SetAttr", r, &code)
-		}
-	}()
+	defer g.done("SetAttr", g.now(), &code)
 	return g.RawFileSystem.SetAttr(cancel, input, out)
 }
 
 func (g guardFS) Mknod(cancel <-chan struct{}, input *fuse.MknodIn, name string, out *fuse.EntryOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Mknod", r, &code)
-		}
-	}()
+	defer g.done("Mknod", g.now(), &code)
 	return g.RawFileSystem.Mknod(cancel, input, name, out)
 }
 
 func (g guardFS) Mkdir(cancel <-chan struct{}, input *fuse.MkdirIn, name string, out *fuse.EntryOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Mkdir", r, &code)
-		}
-	}()
+	defer g.done("Mkdir", g.now(), &code)
 	return g.RawFileSystem.Mkdir(cancel, input, name, out)
 }
 
 func (g guardFS) Unlink(cancel <-chan struct{}, header *fuse.InHeader, name string) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Unlink", r, &code)
-		}
-	}()
+	defer g.done("Unlink", g.now(), &code)
 	return g.RawFileSystem.Unlink(cancel, header, name)
 }
 
 func (g guardFS) Rmdir(cancel <-chan struct{}, header *fuse.InHeader, name string) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Rmdir", r, &code)
-		}
-	}()
+	defer g.done("Rmdir", g.now(), &code)
 	return g.RawFileSystem.Rmdir(cancel, header, name)
 }
 
 func (g guardFS) Rename(cancel <-chan struct{}, input *fuse.RenameIn, oldName string, newName string) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Rename", r, &code)
-		}
-	}()
+	defer g.done("Rename", g.now(), &code)
 	return g.RawFileSystem.Rename(cancel, input, oldName, newName)
 }
 
 func (g guardFS) Link(cancel <-chan struct{}, input *fuse.LinkIn, filename string, out *fuse.EntryOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Link", r, &code)
-		}
-	}()
+	defer g.done("Link", g.now(), &code)
 	return g.RawFileSystem.Link(cancel, input, filename, out)
 }
 
 func (g guardFS) Symlink(cancel <-chan struct{}, header *fuse.InHeader, pointedTo string, linkName string, out *fuse.EntryOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Symlink", r, &code)
-		}
-	}()
+	defer g.done("Symlink", g.now(), &code)
 	return g.RawFileSystem.Symlink(cancel, header, pointedTo, linkName, out)
 }
 
 func (g guardFS) Readlink(cancel <-chan struct{}, header *fuse.InHeader) (r0 []byte, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Readlink", r, &code)
-		}
-	}()
+	defer g.done("Readlink", g.now(), &code)
 	return g.RawFileSystem.Readlink(cancel, header)
 }
 
 func (g guardFS) Access(cancel <-chan struct{}, input *fuse.AccessIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Access", r, &code)
-		}
-	}()
+	defer g.done("Access", g.now(), &code)
 	return g.RawFileSystem.Access(cancel, input)
 }
 
 func (g guardFS) GetXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string, dest []byte) (r0 uint32, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("GetXAttr", r, &code)
-		}
-	}()
+	defer g.done("GetXAttr", g.now(), &code)
 	return g.RawFileSystem.GetXAttr(cancel, header, attr, dest)
 }
 
 func (g guardFS) ListXAttr(cancel <-chan struct{}, header *fuse.InHeader, dest []byte) (r0 uint32, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("ListXAttr", r, &code)
-		}
-	}()
+	defer g.done("ListXAttr", g.now(), &code)
 	return g.RawFileSystem.ListXAttr(cancel, header, dest)
 }
 
 func (g guardFS) SetXAttr(cancel <-chan struct{}, input *fuse.SetXAttrIn, attr string, data []byte) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("SetXAttr", r, &code)
-		}
-	}()
+	defer g.done("SetXAttr", g.now(), &code)
 	return g.RawFileSystem.SetXAttr(cancel, input, attr, data)
 }
 
 func (g guardFS) RemoveXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("RemoveXAttr", r, &code)
-		}
-	}()
+	defer g.done("RemoveXAttr", g.now(), &code)
 	return g.RawFileSystem.RemoveXAttr(cancel, header, attr)
 }
 
 func (g guardFS) Create(cancel <-chan struct{}, input *fuse.CreateIn, name string, out *fuse.CreateOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Create", r, &code)
-		}
-	}()
+	defer g.done("Create", g.now(), &code)
 	return g.RawFileSystem.Create(cancel, input, name, out)
 }
 
 func (g guardFS) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *fuse.CreateOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Tmpfile", r, &code)
-		}
-	}()
+	defer g.done("Tmpfile", g.now(), &code)
 	return g.RawFileSystem.Tmpfile(cancel, input, out)
 }
 
 func (g guardFS) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Open", r, &code)
-		}
-	}()
+	defer g.done("Open", g.now(), &code)
 	return g.RawFileSystem.Open(cancel, input, out)
 }
 
 func (g guardFS) Read(cancel <-chan struct{}, input *fuse.ReadIn, buf []byte) (r0 fuse.ReadResult, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Read", r, &code)
-		}
-	}()
+	defer g.done("Read", g.now(), &code)
 	return g.RawFileSystem.Read(cancel, input, buf)
 }
 
 func (g guardFS) Lseek(cancel <-chan struct{}, in *fuse.LseekIn, out *fuse.LseekOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Lseek", r, &code)
-		}
-	}()
+	defer g.done("Lseek", g.now(), &code)
 	return g.RawFileSystem.Lseek(cancel, in, out)
 }
 
 func (g guardFS) GetLk(cancel <-chan struct{}, input *fuse.LkIn, out *fuse.LkOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("GetLk", r, &code)
-		}
-	}()
+	defer g.done("GetLk", g.now(), &code)
 	return g.RawFileSystem.GetLk(cancel, input, out)
 }
 
 func (g guardFS) SetLk(cancel <-chan struct{}, input *fuse.LkIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("SetLk", r, &code)
-		}
-	}()
+	defer g.done("SetLk", g.now(), &code)
 	return g.RawFileSystem.SetLk(cancel, input)
 }
 
 func (g guardFS) SetLkw(cancel <-chan struct{}, input *fuse.LkIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("SetLkw", r, &code)
-		}
-	}()
+	defer g.done("SetLkw", g.now(), &code)
 	return g.RawFileSystem.SetLkw(cancel, input)
 }
 
 func (g guardFS) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Release", r, nil)
-		}
-	}()
+	defer g.done("Release", g.now(), nil)
 	g.RawFileSystem.Release(cancel, input)
 }
 
 func (g guardFS) Write(cancel <-chan struct{}, input *fuse.WriteIn, data []byte) (r0 uint32, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Write", r, &code)
-		}
-	}()
+	defer g.done("Write", g.now(), &code)
 	return g.RawFileSystem.Write(cancel, input, data)
 }
 
 func (g guardFS) Writev(cancel <-chan struct{}, input *fuse.WriteIn, data [][]byte) (r0 uint32, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Writev", r, &code)
-		}
-	}()
+	defer g.done("Writev", g.now(), &code)
 	return g.RawFileSystem.Writev(cancel, input, data)
 }
 
 func (g guardFS) CopyFileRange(cancel <-chan struct{}, input *fuse.CopyFileRangeIn) (r0 uint32, code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("CopyFileRange", r, &code)
-		}
-	}()
+	defer g.done("CopyFileRange", g.now(), &code)
 	return g.RawFileSystem.CopyFileRange(cancel, input)
 }
 
 func (g guardFS) Ioctl(cancel <-chan struct{}, input *fuse.IoctlIn, inbuf []byte, output *fuse.IoctlOut, outbuf []byte) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Ioctl", r, &code)
-		}
-	}()
+	defer g.done("Ioctl", g.now(), &code)
 	return g.RawFileSystem.Ioctl(cancel, input, inbuf, output, outbuf)
 }
 
 func (g guardFS) Flush(cancel <-chan struct{}, input *fuse.FlushIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Flush", r, &code)
-		}
-	}()
+	defer g.done("Flush", g.now(), &code)
 	return g.RawFileSystem.Flush(cancel, input)
 }
 
 func (g guardFS) Fsync(cancel <-chan struct{}, input *fuse.FsyncIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Fsync", r, &code)
-		}
-	}()
+	defer g.done("Fsync", g.now(), &code)
 	return g.RawFileSystem.Fsync(cancel, input)
 }
 
 func (g guardFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Fallocate", r, &code)
-		}
-	}()
+	defer g.done("Fallocate", g.now(), &code)
 	return g.RawFileSystem.Fallocate(cancel, input)
 }
 
 func (g guardFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("OpenDir", r, &code)
-		}
-	}()
+	defer g.done("OpenDir", g.now(), &code)
 	return g.RawFileSystem.OpenDir(cancel, input, out)
 }
 
 func (g guardFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("ReadDir", r, &code)
-		}
-	}()
+	defer g.done("ReadDir", g.now(), &code)
 	return g.RawFileSystem.ReadDir(cancel, input, out)
 }
 
 func (g guardFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("ReadDirPlus", r, &code)
-		}
-	}()
+	defer g.done("ReadDirPlus", g.now(), &code)
 	return g.RawFileSystem.ReadDirPlus(cancel, input, out)
 }
 
 func (g guardFS) ReleaseDir(input *fuse.ReleaseIn) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("ReleaseDir", r, nil)
-		}
-	}()
+	defer g.done("ReleaseDir", g.now(), nil)
 	g.RawFileSystem.ReleaseDir(input)
 }
 
 func (g guardFS) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("FsyncDir", r, &code)
-		}
-	}()
+	defer g.done("FsyncDir", g.now(), &code)
 	return g.RawFileSystem.FsyncDir(cancel, input)
 }
 
 func (g guardFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *fuse.StatfsOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("StatFs", r, &code)
-		}
-	}()
+	defer g.done("StatFs", g.now(), &code)
 	return g.RawFileSystem.StatFs(cancel, input, out)
 }
 
 func (g guardFS) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.StatxOut) (code fuse.Status) {
-	defer func() {
-		if r := recover(); r != nil {
-			g.recovered("Statx", r, &code)
-		}
-	}()
+	defer g.done("Statx", g.now(), &code)
 	return g.RawFileSystem.Statx(cancel, input, out)
 }

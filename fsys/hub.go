@@ -65,6 +65,8 @@ type HubOptions struct {
 	AttrTimeout time.Duration
 	Logger      *slog.Logger
 	Debug       bool
+	// Observe, if set, is told of every FUSE request when it ends.
+	Observe func(op string, start time.Time)
 }
 
 // hubRoot is the hub's mount root: one child per view, added and removed
@@ -121,7 +123,7 @@ func NewHub(o HubOptions) (*Hub, error) {
 		MountOptions:    viewMountOptions(true, o.Debug),
 		RootStableAttr:  &fs.StableAttr{Ino: 1},
 	}
-	rawFS := guardFS{RawFileSystem: fs.NewNodeFS(h.root, fsOpts), panics: &h.panics, log: h.log}
+	rawFS := guardFS{RawFileSystem: fs.NewNodeFS(h.root, fsOpts), panics: &h.panics, log: h.log, observe: o.Observe}
 	mpfd, err := safepath.OpenDir(o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)

@@ -87,6 +87,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Debug logs every FUSE request.
 	Debug bool
+	// Observe, if set, is told of every FUSE request when it ends, with
+	// go-fuse's name for its opcode (metrics). A hub's views use the hub's.
+	Observe func(op string, start time.Time)
 	// Hub, if set, serves the view through the hub's connection, bind
 	// mounted at Mountpoint (AttrTimeout and Debug are then the hub's).
 	Hub *Hub
@@ -212,7 +215,7 @@ func newView(opts Options) (*View, error) {
 	}
 	if v.hub == nil {
 		// A hub view's root becomes a node of the hub's tree instead.
-		v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), panics: &v.panics, log: v.log}
+		v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), panics: &v.panics, log: v.log, observe: opts.Observe}
 	}
 	return v, nil
 }

@@ -60,6 +60,7 @@ unmount every view and remove the socket.`, stderr)
 	connections := fs.String("connections", defaultConnections(), "shared: one FUSE connection serves every session, each view a bind mount of it (root only; threads stay bounded at thousands of sessions); per-session: a connection per view")
 	hubDir := fs.String("hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
 	maxSessions := fs.Int("max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits)")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at /metrics on a Unix socket path or a loopback address such as 127.0.0.1:9464 (default: off)")
 	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -154,7 +155,7 @@ unmount every view and remove the socket.`, stderr)
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
 		MountRoot: *mountRoot, MaxConns: *maxConns, StateDir: *stateDir,
-		HubDir: *hubDir, MaxSessions: *maxSessions,
+		HubDir: *hubDir, MaxSessions: *maxSessions, Metrics: *metricsAddr,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

@@ -38,6 +38,7 @@ func commands() []command {
 		{"blocks", "list the prompt blocks a context selects, offline", runBlocks},
 		{"hook", "enforce the policy in an agent runtime's hook (claude-code)", runHook},
 		{"mcp", "enforce the policy between an MCP client and server (proxy)", runMCP},
+		{"completion", "print a shell completion script (bash, zsh or fish)", runCompletion},
 		{"help", "show this help", nil},
 	}
 }
@@ -54,7 +55,7 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, intro)
 	fmt.Fprintln(w, "\nUsage: condfs COMMAND [flags]\n\nCommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun 'condfs COMMAND --help' for a command's flags.")
 }

@@ -60,6 +60,10 @@ type Config struct {
 	// StateDir holds sessions.json, the sessions restored after a crash;
 	// "" keeps no state.
 	StateDir string
+	// CacheTTL is how long the kernel may cache entries and attributes no
+	// rule governs, kept true to the backing trees by inotify (fsys.Watcher);
+	// a second or less caches everything for a second, with no watcher.
+	CacheTTL time.Duration
 	// Metrics, if set, is where Prometheus metrics are served: a Unix
 	// socket path or a loopback host:port.
 	Metrics string
@@ -84,6 +88,7 @@ type Daemon struct {
 	metrics     *metrics.Metrics // nil: off
 	stopMetrics func()
 	hub         *fsys.Hub // nil: a connection per session
+	watcher     *fsys.Watcher
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -174,6 +179,13 @@ func New(cfg Config) (*Daemon, error) {
 		}()
 		defer func() { started = d.server != nil && d.stopWatch != nil }()
 	}
+	if cfg.CacheTTL > time.Second {
+		w, err := fsys.NewWatcher(cfg.CacheTTL, d.log)
+		if err != nil {
+			return nil, err
+		}
+		d.watcher = w
+	}
 	if cfg.HubDir != "" {
 		h, err := fsys.NewHub(fsys.HubOptions{Dir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver()})
 		if err != nil {
@@ -246,6 +258,10 @@ func (d *Daemon) closeAll() error {
 		errs = append(errs, d.closeSession(id))
 	}
 	errs = append(errs, d.closeHub())
+	if d.watcher != nil {
+		errs = append(errs, d.watcher.Close())
+		d.watcher = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -329,7 +345,7 @@ func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Er
 		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
 		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
-		Logger: d.log, Hub: d.hub, Observe: d.fuseObserver(),
+		Logger: d.log, Hub: d.hub, Observe: d.fuseObserver(), Watcher: d.watcher,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
 			d.auditPath(id, atoms, sp, p, op)
 		},

@@ -45,6 +45,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if !t.isDir() {
 		return nil, 0, syscall.ENOTDIR
 	}
+	n.watch(t.path)
 	fd, err := reopen(t.fd, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return nil, 0, errnoOf(err)

@@ -155,6 +155,9 @@ func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Err
 		return errnoOf(err)
 	}
 	out.FromStat(toSyscall(&st))
+	if ttl := h.node.attrTTL(false, h.ruled); ttl > 0 {
+		out.SetTimeout(ttl)
+	}
 	return 0
 }
 

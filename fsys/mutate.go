@@ -37,7 +37,7 @@ func (n *node) made(ctx context.Context, t *target, out *fuse.EntryOut) (*fs.Ino
 	if err := unix.Fstatat(t.dirfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}
-	return n.newChild(ctx, &st, out), 0
+	return n.newChild(ctx, &st, t.path, t.ruled, out), 0
 }
 
 // Create makes a new file with O_EXCL: it never opens an existing file it
@@ -59,7 +59,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 			return nil, nil, 0, syscall.EACCES
 		}
 		defer e.close()
-		ch := n.newChild(ctx, &e.st, out)
+		ch := n.newChild(ctx, &e.st, e.path, e.ruled, out)
 		fh, fflags, errno := ch.Operations().(*node).openEntry(&e, flags&^syscall.O_CREAT)
 		if errno != 0 {
 			return nil, nil, 0, errno

@@ -3,7 +3,9 @@ package fsys
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -22,6 +24,7 @@ type node struct {
 	space     acl.Space
 	spaceRoot bool
 	dev, ino  uint64
+	wd        atomic.Int32 // the inotify watch of its directory (set under the Watcher's lock)
 }
 
 // snapshot is the state one operation decides with: read once, so that an
@@ -269,10 +272,42 @@ func (v *View) stableAttr(st *unix.Stat_t) fs.StableAttr {
 	return fs.StableAttr{Mode: st.Mode, Ino: ino, Gen: v.gen}
 }
 
-func (n *node) newChild(ctx context.Context, st *unix.Stat_t, out *fuse.EntryOut) *fs.Inode {
+// newChild makes (or finds) the node for the entry at path below n. An
+// entry no rule governs is cached long when the watcher reports changes in
+// n's directory; a new directory node is watched in turn.
+func (n *node) newChild(ctx context.Context, st *unix.Stat_t, path string, ruled bool, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(toSyscall(st))
+	w := n.view.opts.Watcher
+	if ttl := w.ttlFor(n, ruled); ttl > 0 {
+		out.SetEntryTimeout(ttl)
+		out.SetAttrTimeout(ttl)
+	}
 	child := &node{view: n.view, space: n.space, dev: st.Dev, ino: st.Ino}
 	return n.NewInode(ctx, child, n.view.stableAttr(st))
+}
+
+// dirOf is the directory part of a canonical space path ("" for the root).
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i > 0 {
+		return p[:i]
+	}
+	return ""
+}
+
+// watch makes sure the watcher watches n's directory (at path), once the
+// kernel uses n: a node made by a lookup may be dropped for one go-fuse
+// already has, so only a node the kernel names is watched.
+func (n *node) watch(path string) {
+	if w := n.view.opts.Watcher; w != nil && n.wd.Load() == 0 {
+		w.add(n, n.backing().real+path)
+	}
+}
+
+// OnForget: the kernel holds the node no more; its watch goes.
+func (n *node) OnForget() {
+	if w := n.view.opts.Watcher; w != nil {
+		w.remove(n)
+	}
 }
 
 func toSyscall(st *unix.Stat_t) *syscall.Stat_t {
@@ -300,7 +335,8 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, errno
 	}
 	defer t.leave()
-	return n.newChild(ctx, &t.st, out), 0
+	n.watch(dirOf(t.path))
+	return n.newChild(ctx, &t.st, t.path, t.ruled, out), 0
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -313,7 +349,31 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	}
 	defer t.leave()
 	out.FromStat(toSyscall(&t.st))
+	if t.isDir() {
+		n.watch(t.path)
+	}
+	if ttl := n.attrTTL(t.isDir(), t.ruled); ttl > 0 {
+		out.SetTimeout(ttl)
+	}
 	return 0
+}
+
+// attrTTL is how long the kernel may keep n's attributes: long when no rule
+// governs n and a watch reports its changes (its directory's; a
+// directory's own), else 0 (the default).
+func (n *node) attrTTL(isDir, ruled bool) time.Duration {
+	w := n.view.opts.Watcher
+	if w == nil || ruled {
+		return 0
+	}
+	dir := n
+	if !isDir {
+		dir = nil
+		if _, p := n.Parent(); p != nil {
+			dir, _ = p.Operations().(*node)
+		}
+	}
+	return w.ttlFor(dir, false)
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {

@@ -57,7 +57,8 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, syscall.ENOENT
 	}
 	snap := r.view.snapshot()
-	if vis, _ := snap.cfg.Visible(sp, "/", snap.atoms); !vis {
+	vis, ruled := snap.cfg.Visible(sp, "/", snap.atoms)
+	if !vis {
 		r.view.auditDeny(snap.atoms, sp, "/", opLookup.String())
 		return nil, syscall.ENOENT
 	}
@@ -67,6 +68,11 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, errnoOf(err)
 	}
 	out.Attr.FromStat(toSyscall(&st))
+	if w := r.view.opts.Watcher; w != nil && !ruled {
+		// The name stands while the rules do (a reload invalidates it);
+		// the directory's attributes come from its own watch (Getattr).
+		out.SetEntryTimeout(w.ttl)
+	}
 	child := &node{view: r.view, space: sp, spaceRoot: true, dev: st.Dev, ino: st.Ino}
 	return r.NewInode(ctx, child, r.view.stableAttr(&st)), 0
 }
@@ -123,6 +129,9 @@ func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 	out.Uid, out.Gid = uint32(os.Geteuid()), uint32(os.Getegid())
 	t := r.view.mountedAt
 	out.SetTimes(&t, &t, &t)
+	if w := r.view.opts.Watcher; w != nil {
+		out.SetTimeout(w.ttl) // made up, and never changes
+	}
 	return 0
 }
 

@@ -90,6 +90,9 @@ type Options struct {
 	// Observe, if set, is told of every FUSE request when it ends, with
 	// go-fuse's name for its opcode (metrics). A hub's views use the hub's.
 	Observe func(op string, start time.Time)
+	// Watcher, if set, lets the kernel cache entries and attributes no rule
+	// governs for its TTL, and keeps them true to the backing trees.
+	Watcher *Watcher
 	// Hub, if set, serves the view through the hub's connection, bind
 	// mounted at Mountpoint (AttrTimeout and Debug are then the hub's).
 	Hub *Hub

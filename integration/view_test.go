@@ -427,3 +427,78 @@ func TestSymlinks(t *testing.T) {
 		}
 	}
 }
+
+// TestBackingChangesSeen: entries and attributes no rule governs are cached
+// for a minute (--cache-ttl), so changes other processes make in the
+// backing tree must reach the view through the watcher, within moments:
+// a file grown, renamed, removed, given a second name in a space with rules
+// (which hides it), and a directory made.
+func TestBackingChangesSeen(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/notes/a.md", "one")
+	h.write("memories/b.md", "b")
+	sock := h.path("metrics.sock")
+	d := startDaemon(t, h, "--cache-ttl", "1m", "--metrics", sock)
+	mnt := d.open("s", dmCtx)
+	a, b := mnt+"/memories/notes/a.md", mnt+"/memories/b.md"
+	if data, err := os.ReadFile(a); err != nil || string(data) != "one" {
+		t.Fatalf("read: %q %v", data, err)
+	}
+	os.Stat(b)
+	// Past the one-second default, the kernel still answers by itself:
+	// no lookup or getattr reaches the daemon. (A directory's attributes
+	// are cached long from the first getattr after its watch began.)
+	time.Sleep(1200 * time.Millisecond)
+	os.Stat(a)
+	os.Stat(b)
+	time.Sleep(1200 * time.Millisecond)
+	lookups := func() float64 {
+		var n float64
+		for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "op" && (lp.GetValue() == "Lookup" || lp.GetValue() == "GetAttr") {
+					n += float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+		return n
+	}
+	before := lookups()
+	for i := 0; i < 10; i++ {
+		if _, err := os.Stat(a); err != nil {
+			t.Fatal(err)
+		}
+		os.Stat(b)
+	}
+	if after := lookups(); after != before {
+		t.Fatalf("%v lookups and getattrs reached the daemon for cached entries\n%s", after-before, d.log())
+	}
+	within := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(3 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not seen through the view within 3s (the cache lasts a minute)\n%s", what, d.log())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	os.WriteFile(h.path("memories/notes/a.md"), []byte("one and two"), 0o644)
+	within("a file grown", func() bool {
+		st, err := os.Stat(a)
+		data, _ := os.ReadFile(a)
+		return err == nil && st.Size() == 11 && string(data) == "one and two"
+	})
+	os.Rename(h.path("memories/notes/a.md"), h.path("memories/notes/c.md"))
+	within("a rename", func() bool { return !exists(a) && exists(mnt+"/memories/notes/c.md") })
+	os.Link(h.path("memories/b.md"), h.path("memories/notes/b-again.md"))
+	within("a second name hides the file", func() bool { return !exists(b) })
+	os.Remove(h.path("memories/notes/c.md"))
+	within("a removal", func() bool { return !exists(mnt + "/memories/notes/c.md") })
+	os.Mkdir(h.path("memories/notes/new"), 0o755)
+	within("a new directory", func() bool { return exists(mnt + "/memories/notes/new") })
+	os.Chmod(h.path("memories/notes"), 0o700)
+	within("a mode change", func() bool {
+		st, err := os.Stat(mnt + "/memories/notes")
+		return err == nil && st.Mode().Perm() == 0o700
+	})
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
@@ -60,6 +61,7 @@ unmount every view and remove the socket.`, stderr)
 	connections := fs.String("connections", defaultConnections(), "shared: one FUSE connection serves every session, each view a bind mount of it (root only; threads stay bounded at thousands of sessions); per-session: a connection per view")
 	hubDir := fs.String("hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
 	maxSessions := fs.Int("max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits)")
+	cacheTTL := fs.Duration("cache-ttl", time.Minute, "how long the kernel may cache entries and attributes no rule governs; inotify on the backing trees keeps them fresh (1s: everything cached for a second, no inotify; use it for backing trees on network filesystems)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at /metrics on a Unix socket path or a loopback address such as 127.0.0.1:9464 (default: off)")
 	allowHardlinks := fs.Bool("allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
 	if err := parseFlags(fs, args); err != nil {
@@ -155,7 +157,7 @@ unmount every view and remove the socket.`, stderr)
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
 		MountRoot: *mountRoot, MaxConns: *maxConns, StateDir: *stateDir,
-		HubDir: *hubDir, MaxSessions: *maxSessions, Metrics: *metricsAddr,
+		HubDir: *hubDir, MaxSessions: *maxSessions, Metrics: *metricsAddr, CacheTTL: *cacheTTL,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

@@ -1,0 +1,287 @@
+package fsys
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A Watcher lets the kernel keep what views show for a long time. Entries
+// and attributes of paths no rule governs (their decision cannot change on
+// a context switch, and a reload invalidates everything) are cached for
+// Watcher's TTL instead of a second; the Watcher keeps them true to the
+// backing trees, which other processes may change, by watching (inotify)
+// every backing directory some view's kernel cache holds, and telling each
+// such view of every change below it: a name made, removed, moved or
+// changed in its attributes loses its cached entry; a file written loses
+// its cached attributes and pages.
+//
+// What is cached is metadata: every open, read of a ruled file, listing and
+// mutation still reaches the daemon and is decided then, so a change the
+// Watcher is late to report (events are coalesced for a few milliseconds)
+// or never sees (a network filesystem's remote changes; a queue overflow
+// invalidates everything) shows at worst stale names and attributes for up
+// to the TTL, never content the rules deny.
+type Watcher struct {
+	f   *os.File // the inotify fd, read through the runtime poller
+	ttl time.Duration
+	log *slog.Logger
+
+	max     int // the most watches it holds (a share of the uid's inotify limit)
+	mu      sync.Mutex
+	byWD    map[int32]*watch
+	pending map[pendingKey]uint32
+	timer   *time.Timer
+	closed  bool
+	done    chan struct{}
+}
+
+type watch struct {
+	path  string
+	nodes map[*node]struct{}
+}
+
+type pendingKey struct {
+	wd   int32
+	name string
+}
+
+const (
+	watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_ATTRIB |
+		unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF |
+		unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW | unix.IN_EXCL_UNLINK
+	// coalesce gathers a burst of events (a writer's IN_MODIFY per
+	// write) into one notification per name.
+	coalesce = 10 * time.Millisecond
+)
+
+// NewWatcher starts a watcher; ttl is how long unruled entries and
+// attributes are cached.
+func NewWatcher(ttl time.Duration, log *slog.Logger) (*Watcher, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("inotify: %w", err)
+	}
+	w := &Watcher{
+		f: os.NewFile(uintptr(fd), "inotify"), ttl: ttl, log: log, max: maxWatches(),
+		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, done: make(chan struct{}),
+	}
+	go w.read()
+	return w, nil
+}
+
+// Close stops the watcher. Views that use it keep their caches until the
+// TTL; close it after them.
+func (w *Watcher) Close() error {
+	w.mu.Lock()
+	w.closed = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.mu.Unlock()
+	err := w.f.Close()
+	<-w.done
+	return err
+}
+
+// maxWatches is a quarter of fs.inotify.max_user_watches, at most 65,536.
+func maxWatches() int {
+	n := 8192
+	if b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_watches"); err == nil {
+		fmt.Sscan(string(b), &n)
+	}
+	return max(1, min(65536, n/4))
+}
+
+// add watches the backing directory at path for n (a directory node).
+func (w *Watcher) add(n *node, path string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || n.wd.Load() != 0 || len(w.byWD) >= w.max {
+		// Beyond its share, directories are not watched and their entries
+		// get the short TTL: a caller who makes and walks many directories
+		// must not use up the daemon's uid's watches, which other services
+		// of that uid share.
+		return
+	}
+	wd, err := unix.InotifyAddWatch(int(w.f.Fd()), path, watchMask)
+	if err != nil {
+		// No watch (the limit is reached, or the directory went): the
+		// node's entries are then cached for the short TTL only.
+		w.log.Debug("inotify_add_watch", "path", path, "err", err)
+		return
+	}
+	ws := w.byWD[int32(wd)]
+	if ws == nil {
+		ws = &watch{path: path, nodes: map[*node]struct{}{}}
+		w.byWD[int32(wd)] = ws
+	}
+	ws.nodes[n] = struct{}{}
+	n.wd.Store(int32(wd))
+}
+
+// remove forgets n; the last node of a directory ends its watch.
+func (w *Watcher) remove(n *node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	wd := n.wd.Load()
+	if wd == 0 {
+		return
+	}
+	if ws := w.byWD[wd]; ws != nil {
+		delete(ws.nodes, n)
+		if len(ws.nodes) == 0 {
+			delete(w.byWD, wd)
+			if !w.closed {
+				unix.InotifyRmWatch(int(w.f.Fd()), uint32(wd))
+			}
+		}
+	}
+	n.wd.Store(0)
+}
+
+// ttl is how long the kernel may keep the entry or attributes of the node
+// ch (below the directory node dir): long when no rule governs it and the
+// watcher reports changes to it, else 0 (the view's default).
+func (w *Watcher) ttlFor(dir *node, ruled bool) time.Duration {
+	if w == nil || ruled || dir == nil || dir.wd.Load() == 0 {
+		return 0
+	}
+	return w.ttl
+}
+
+func (w *Watcher) read() {
+	defer close(w.done)
+	buf := make([]byte, 64<<10)
+	for {
+		nr, err := w.f.Read(buf)
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				w.log.Error("inotify read; views keep their short caches only", "err", err)
+				w.overflow()
+			}
+			return
+		}
+		w.mu.Lock()
+		for off := 0; off+unix.SizeofInotifyEvent <= nr; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			name := string(nameBytes)
+			for len(name) > 0 && name[len(name)-1] == 0 {
+				name = name[:len(name)-1]
+			}
+			switch {
+			case ev.Mask&unix.IN_Q_OVERFLOW != 0:
+				w.mu.Unlock()
+				w.overflow()
+				w.mu.Lock()
+			case ev.Mask&unix.IN_IGNORED != 0:
+				// The directory is gone (or the watch removed): its
+				// nodes are unwatched now.
+				if ws := w.byWD[ev.Wd]; ws != nil {
+					for n := range ws.nodes {
+						n.wd.Store(0)
+					}
+					delete(w.byWD, ev.Wd)
+				}
+			default:
+				w.pending[pendingKey{ev.Wd, name}] |= ev.Mask
+				if w.timer == nil {
+					w.timer = time.AfterFunc(coalesce, w.flush)
+				}
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+type notice struct {
+	n    *node
+	name string
+	mask uint32
+	path string // the directory's backing path
+}
+
+// flush tells the views of the changes gathered. Nothing is held while the
+// kernel is told: a notification waits for the directory's lock, which a
+// request being served may hold.
+func (w *Watcher) flush() {
+	w.mu.Lock()
+	var todo []notice
+	for k, mask := range w.pending {
+		if ws := w.byWD[k.wd]; ws != nil {
+			for n := range ws.nodes {
+				todo = append(todo, notice{n, k.name, mask, ws.path})
+			}
+		}
+	}
+	clear(w.pending)
+	w.timer = nil
+	w.mu.Unlock()
+	linked := map[string]bool{}
+	for _, t := range todo {
+		v := t.n.view
+		if v.closed.Load() {
+			continue
+		}
+		if t.mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && t.name != "" {
+			// A new name for an existing file (link(2)) changes no event
+			// of the file's other names' directories, yet hides them in a
+			// space with rules: every cached entry of that space goes.
+			p := t.path + "/" + t.name
+			if _, seen := linked[p]; !seen {
+				var st unix.Stat_t
+				linked[p] = unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1
+			}
+			if linked[p] && !v.opts.AllowHardlinks && v.rules.Load().HasRules(t.n.space) {
+				if sp := v.root.GetChild(t.n.space.String()); sp != nil {
+					v.invalidateEntries(sp)
+				}
+			}
+		}
+		dir := t.n.EmbeddedInode()
+		dir.NotifyContent(-1, 0) // the directory's own attributes (mtime, nlink)
+		if t.name == "" {
+			continue
+		}
+		if t.mask&^(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) != 0 {
+			// Made, removed, moved, or its attributes changed (a link
+			// count, a mode): the next access looks it up and decides.
+			dir.NotifyEntry(t.name)
+		}
+		if ch := dir.GetChild(t.name); ch != nil {
+			ch.NotifyContent(0, 0) // attributes and cached pages
+		}
+	}
+}
+
+// overflow: events were lost, so every view loses what it cached.
+func (w *Watcher) overflow() {
+	w.mu.Lock()
+	views := map[*View]struct{}{}
+	for _, ws := range w.byWD {
+		for n := range ws.nodes {
+			views[n.view] = struct{}{}
+		}
+	}
+	w.mu.Unlock()
+	w.log.Warn("inotify queue overflowed; every view's cache is dropped")
+	for v := range views {
+		if v.closed.Load() {
+			continue
+		}
+		if !v.bumpEpoch(false) {
+			v.invalidateEntries(v.root.EmbeddedInode())
+		}
+	}
+}

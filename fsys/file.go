@@ -135,7 +135,11 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	return h.lf.Write(ctx, data, off)
 }
 
-func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return h.lf.Flush(ctx) }
+// Flush answers ENOSYS, which tells the kernel to send no FLUSH again on
+// this connection: a round trip saved on every close(2). Nothing is lost:
+// writes reach the backing file as they are made (no write-back cache),
+// and POSIX locks are released on close by their own SETLK request.
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.ENOSYS }
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.node.view.untrack(h)

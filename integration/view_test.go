@@ -502,3 +502,31 @@ func TestBackingChangesSeen(t *testing.T) {
 		return err == nil && st.Mode().Perm() == 0o700
 	})
 }
+
+// TestLocksReleasedOnClose: the view answers FLUSH with ENOSYS (no round
+// trip on close), so POSIX locks must still go when their holder closes
+// the file: another process can take the lock at once.
+func TestLocksReleasedOnClose(t *testing.T) {
+	h := openHome(t, privateRule)
+	h.write("memories/shared.md", "x")
+	os.Chmod(h.path("memories/shared.md"), 0o666)
+	d := startDaemon(t, h)
+	mnt := h.path("mnt/s")
+	d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": dmCtx, "allow_uids": []int{nobody}}, nil)
+	p := mnt + "/memories/shared.md"
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	sh := startShell(t)
+	if ok, _ := sh.do("lock", p); ok {
+		t.Fatal("a second process took a lock that is held")
+	}
+	f.Close()
+	if ok, res := sh.do("lock", p); !ok {
+		t.Fatalf("the lock outlived its holder's close: %s", res)
+	}
+}

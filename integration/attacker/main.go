@@ -117,6 +117,13 @@ func shell(in *os.File, out *os.File) {
 				unix.Write(fd, []byte(f[2]))
 				unix.Close(fd)
 			}
+		case "lock": // a POSIX write lock, without waiting; released again
+			var fd int
+			fd, err = unix.Open(f[1], unix.O_RDWR, 0)
+			if err == nil {
+				err = unix.FcntlFlock(uintptr(fd), unix.F_SETLK, &unix.Flock_t{Type: unix.F_WRLCK, Whence: 0})
+				unix.Close(fd)
+			}
 		case "mkdir":
 			err = unix.Mkdir(f[1], 0o755)
 		case "rename":

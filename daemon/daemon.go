@@ -454,6 +454,7 @@ func outcome(changed bool, err error) string {
 func (d *Daemon) Reload(force bool) map[string]FileStatus {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
+	oldRules := d.conditions.Load()
 	condChanged, err := d.conditions.reload(force)
 	d.metrics.Reload("conditions", outcome(condChanged, err))
 	if err != nil {
@@ -475,7 +476,7 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		}
 		d.mu.Unlock()
 		for _, v := range views {
-			if err := v.Invalidate(); err != nil {
+			if err := v.Invalidate(oldRules); err != nil {
 				d.log.Warn("invalidate view", "mount", v.Mountpoint(), "err", err)
 			}
 		}

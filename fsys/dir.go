@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -52,6 +53,42 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	}
 	return &dirHandle{node: n, fd: fd, buf: make([]byte, 8<<10)}, 0, 0
 }
+
+var _ fs.FileLookuper = (*dirHandle)(nil)
+
+// Lookup gives a READDIRPLUS listing a full entry only for a name no rule
+// governs, whose decision no context switch can change; a ruled name is
+// listed without one (the kernel then looks it up on its own). See plusMu
+// for reloads.
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	n := d.node
+	if n.GetChild(name) != nil {
+		// Known already: the kernel has its entry, or looks it up on its
+		// own. Deciding it again for every listing would cost what a warm
+		// walk saves.
+		return nil, syscall.ENOENT
+	}
+	dir, ok := n.path()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	snap := n.view.snapshot()
+	if _, ruled := snap.cfg.Visible(n.space, join(dir, name), snap.atoms); ruled {
+		return nil, syscall.ENOENT
+	}
+	in, errno := n.Lookup(ctx, name, out)
+	if errno == 0 {
+		n.view.plusHanded.Store(true)
+	}
+	if plusDelay > 0 {
+		time.Sleep(plusDelay)
+	}
+	return in, errno
+}
+
+// plusDelay is zero except in the integration tests' build
+// (testhooks_condfstest.go).
+var plusDelay time.Duration
 
 // Readdirent hands out the next entry the view shows.
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {

@@ -226,6 +226,9 @@ func (g guardFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.D
 
 func (g guardFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
 	defer g.done("ReadDirPlus", g.now(), &code)
+	// Decided and added to the tree under plusMu (see View.Invalidate).
+	plusMu.RLock()
+	defer plusMu.RUnlock()
 	return g.RawFileSystem.ReadDirPlus(cancel, input, out)
 }
 

@@ -113,6 +113,26 @@ func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno
 	return nil, 0
 }
 
+var _ fs.FileLookuper = (*rootDir)(nil)
+
+// Lookup gives READDIRPLUS a full entry for a space root no rule governs
+// (see dirHandle.Lookup).
+func (d *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	sp, ok := spaceByName(name)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	snap := d.view.snapshot()
+	if _, ruled := snap.cfg.Visible(sp, "/", snap.atoms); ruled {
+		return nil, syscall.ENOENT
+	}
+	in, errno := d.view.root.Lookup(ctx, name, out)
+	if errno == 0 {
+		d.view.plusHanded.Store(true)
+	}
+	return in, errno
+}
+
 func (d *rootDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -113,6 +113,8 @@ type View struct {
 	fusermount  bool        // mounted by fusermount3 (a daemon that is not root)
 	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
 	switchCreds bool        // root: act as each caller
+	reloadOld   *acl.Config // the rules before the reload being applied (Invalidate)
+	plusHanded  atomic.Bool // a listing handed out a full entry since the last reload
 	hub         *Hub        // the hub serving the view, if any
 	hubName     string      // the view's directory in the hub
 	gen         uint64      // generation of the view's nodes (its hub's count; 1 alone)
@@ -231,12 +233,14 @@ func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
 		Options:       []string{"default_permissions"},
 		MaxBackground: 64,
 		EnableLocks:   true,
-		// READDIRPLUS makes dentries from a listing decided before a
-		// context switch but delivered after it, and the kernel stamps
-		// them with the new epoch: they would answer stale. Plain
-		// READDIR creates no dentries; every name is then looked up.
-		DisableReadDirPlus: true,
-		Debug:              debug,
+		// READDIRPLUS is on, but a listing hands out full entries only
+		// for names no rule governs (dirHandle.Lookup): the kernel stamps
+		// a READDIRPLUS dentry with the epoch current when it links it,
+		// so one decided before a context switch and linked after would
+		// answer stale, unless its decision cannot change on a switch. A
+		// reload, which can change any decision, waits for listings in
+		// flight (plusMu) and drops the entries it changed.
+		Debug: debug,
 	}
 }
 
@@ -493,8 +497,34 @@ func (v *View) SetContext(set cctx.Set) error {
 	return v.invalidate(true)
 }
 
-// Invalidate drops the kernel's cached entries after the rules changed.
-func (v *View) Invalidate() error { return v.invalidate(false) }
+// Invalidate drops the kernel's cached entries after the rules changed
+// from old (nil: unknown, everything is dropped one by one).
+func (v *View) Invalidate(old *acl.Config) error {
+	v.reloadOld = old
+	return v.invalidate(false)
+}
+
+// plusMu is held shared by every READDIRPLUS request while it decides its
+// entries and adds them to the tree (guardFS.ReadDirPlus); a reload takes
+// it once, so that every listing decided with the old rules has its nodes
+// in the tree before the reload looks for entries to drop.
+var plusMu sync.RWMutex
+
+// plusBarriered is the rules in force when the last barrier completed.
+var plusBarriered atomic.Pointer[acl.Config]
+
+// plusBarrier waits until every listing decided before cur was swapped in
+// has its nodes in the tree; once per reload, however many views it
+// invalidates (a barrier that began after the swap serves them all).
+func plusBarrier(cur *acl.Config) {
+	if plusBarriered.Load() == cur {
+		return
+	}
+	plusMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the point
+	plusMu.Unlock()
+	plusBarriered.Store(cur)
+}
 
 // invalidate drops cached entries and re-decides open files. A context
 // switch (scoped) keeps the rules, so on the per-entry path only entries a
@@ -506,6 +536,9 @@ func (v *View) invalidate(scoped bool) error {
 		return errors.New("view is unmounted")
 	}
 	authGen.Add(1)
+	if !scoped {
+		plusBarrier(v.rules.Load())
+	}
 	if !v.bumpEpoch(scoped) {
 		if scoped {
 			cfg := v.rules.Load()
@@ -523,9 +556,58 @@ func (v *View) invalidate(scoped bool) error {
 		} else {
 			v.invalidateEntries(v.root.EmbeddedInode())
 		}
+	} else if !scoped && v.plusHanded.Swap(false) {
+		// Entries of listings decided with the old rules that the kernel
+		// links after the bump carry the new epoch: drop, one by one,
+		// those whose decision changed. Each notification waits for the
+		// directory's readdir to finish linking. (Only a view whose
+		// listings handed out entries since the last reload can have one.)
+		v.invalidateChanged(v.reloadOld, v.rules.Load())
 	}
 	v.revoke()
 	return nil
+}
+
+// invalidateChanged drops the cached entries whose decision differs between
+// the old rules and cfg (all of a space whose hiding of multiply-linked
+// files changed; everything when old is unknown), deepest first.
+func (v *View) invalidateChanged(old, cfg *acl.Config) {
+	root := v.root.EmbeddedInode()
+	if old == nil {
+		v.invalidateEntries(root)
+		return
+	}
+	atoms := *v.atoms.Load()
+	var walk func(sp acl.Space, dir *fs.Inode, p string)
+	walk = func(sp acl.Space, dir *fs.Inode, p string) {
+		for name, child := range dir.Children() {
+			cp := join(p, name)
+			if child.IsDir() {
+				walk(sp, child, cp)
+			}
+			ov, or := old.Visible(sp, cp, atoms)
+			nv, nr := cfg.Visible(sp, cp, atoms)
+			if ov != nv || or != nr {
+				dir.NotifyEntry(name)
+			}
+		}
+	}
+	for name, child := range root.Children() {
+		sp, ok := spaceByName(name)
+		if !ok {
+			continue
+		}
+		if old.HasRules(sp) != cfg.HasRules(sp) {
+			v.invalidateEntries(child)
+		} else {
+			walk(sp, child, "/")
+		}
+		ov, or := old.Visible(sp, "/", atoms)
+		nv, nr := cfg.Visible(sp, "/", atoms)
+		if ov != nv || or != nr {
+			root.NotifyEntry(name)
+		}
+	}
 }
 
 // bumpEpoch invalidates every cached entry of the view's connection at once,

@@ -540,7 +540,7 @@ func TestSwitchesDuringReloads(t *testing.T) {
 					f.v.SetContext([]cctx.Set{dm, guild}[i%2])
 				case 1:
 					f.rules.Store(cfgs[i%2])
-					f.v.Invalidate()
+					f.v.Invalidate(nil)
 				case 2:
 					var out fuse.EntryOut
 					f.v.root.Lookup(context.Background(), "memories", &out)

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	condfsBin = filepath.Join(dir, "condfs")
-	out, err := exec.Command("go", "build", "-race", "-o", condfsBin, "../cmd/condfs").CombinedOutput()
+	out, err := exec.Command("go", "build", "-race", "-tags", "condfstest", "-o", condfsBin, "../cmd/condfs").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build condfs: %v\n%s", err, out)
 		os.Exit(1)

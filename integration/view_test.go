@@ -530,3 +530,65 @@ func TestLocksReleasedOnClose(t *testing.T) {
 		t.Fatalf("the lock outlived its holder's close: %s", res)
 	}
 }
+
+// TestReloadDuringListings: listings hand out full entries (READDIRPLUS)
+// for names no rule governs, and two readers list without pause while the
+// rules change back and forth. When config.reload returns (and the
+// listings in flight then have been answered), a name the new rules hide
+// must not be reachable. (The test build holds each listed entry between
+// its decision and the answer, so that reloads land in between. On the
+// 6.18 kernel here, a listing decided before a reload and linked after it
+// did not answer stale even without plusMu and invalidateChanged; they stay
+// for kernels that stamp such entries with the new epoch, as the
+// FUSE_NOTIFY_INC_EPOCH patches read.)
+func TestReloadDuringListings(t *testing.T) {
+	open := "[memories.\"/private/\"]\nwhen = \"discord:dm\"\naction = \"allow\"\n"
+	hidden := open + "\n[memories.\"/plain/0-secret.md\"]\nwhen = \"discord:guild:999\"\naction = \"allow\"\n"
+	h := newHome(t, open, "version: 1\n")
+	// Few enough names for one answer, the first of a listing, which the
+	// kernel always asks as READDIRPLUS.
+	for i := 0; i < 12; i++ {
+		h.write(fmt.Sprintf("memories/plain/f%03d.md", i), "f")
+	}
+	h.write("memories/plain/0-secret.md", "s")
+	// The test build holds each listed entry 2 ms between its decision
+	// and the answer, so that reloads land in between.
+	t.Setenv("CONDFS_TEST_PLUS_DELAY", "2ms")
+	d := startDaemon(t, h)
+	mnt := d.open("s", dmCtx)
+	dir, secret := mnt+"/memories/plain", mnt+"/memories/plain/0-secret.md"
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				os.ReadDir(dir)
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	stale := 0
+	for i := 0; i < 60; i++ {
+		h.write("config/conditions.toml", hidden)
+		d.call("config.reload", map[string]any{}, nil)
+		// Listings in flight when it began have been answered and linked
+		// by now; any entry they left must be gone.
+		time.Sleep(20 * time.Millisecond)
+		if _, err := os.Lstat(secret); err == nil {
+			stale++
+		}
+		h.write("config/conditions.toml", open)
+		d.call("config.reload", map[string]any{}, nil)
+		os.Lstat(secret)
+	}
+	if stale > 0 {
+		t.Fatalf("%d of 60 reloads left a hidden name reachable from a listing's entry", stale)
+	}
+}

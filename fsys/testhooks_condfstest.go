@@ -1,0 +1,18 @@
+//go:build condfstest
+
+package fsys
+
+import (
+	"os"
+	"time"
+)
+
+// Built only with -tags condfstest (the integration tests' binary): test
+// hooks that widen race windows so that a test can show a fix is needed.
+// CONDFS_TEST_PLUS_DELAY holds a READDIRPLUS entry between its decision
+// and the answer that carries it to the kernel.
+func init() {
+	if d, err := time.ParseDuration(os.Getenv("CONDFS_TEST_PLUS_DELAY")); err == nil {
+		plusDelay = d
+	}
+}

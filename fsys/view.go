@@ -683,6 +683,9 @@ func (v *View) Unmount() error {
 		// Files still open in the view decide no more (closed), and their
 		// cached pages go, so that nothing is read through it from now.
 		v.revoke()
+		if w := v.opts.Watcher; w != nil {
+			w.removeView(v)
+		}
 		views.Lock()
 		delete(views.set, v)
 		views.Unlock()

@@ -149,6 +149,27 @@ func (w *Watcher) remove(n *node) {
 	n.wd.Store(0)
 }
 
+// removeView forgets every node of v: an unmounted view's nodes may never
+// be forgotten one by one (a connection of its own just stops).
+func (w *Watcher) removeView(v *View) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for wd, ws := range w.byWD {
+		for n := range ws.nodes {
+			if n.view == v {
+				delete(ws.nodes, n)
+				n.wd.Store(0)
+			}
+		}
+		if len(ws.nodes) == 0 {
+			delete(w.byWD, wd)
+			if !w.closed {
+				unix.InotifyRmWatch(int(w.f.Fd()), uint32(wd))
+			}
+		}
+	}
+}
+
 // ttl is how long the kernel may keep the entry or attributes of the node
 // ch (below the directory node dir): long when no rule governs it and the
 // watcher reports changes to it, else 0 (the view's default).

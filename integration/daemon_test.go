@@ -427,6 +427,22 @@ func TestManyClients(t *testing.T) {
 
 // countFDs counts a process's open fds, leaving out pipes: go-fuse keeps
 // a pool of splice pipes whose size follows the load, not our bookkeeping.
+// countWatches counts the inotify watches pid holds (fdinfo lists one
+// "inotify wd:" line per watch).
+func countWatches(t *testing.T, pid int) int {
+	dir := fmt.Sprintf("/proc/%d/fdinfo", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		b, _ := os.ReadFile(dir + "/" + e.Name())
+		n += strings.Count(string(b), "inotify wd:")
+	}
+	return n
+}
+
 func countFDs(t *testing.T, pid int) int {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
@@ -448,9 +464,16 @@ func TestSessionsDoNotLeak(t *testing.T) {
 	h := newHome(t, privateRule, "version: 1\n")
 	h.write("memories/private/p.md", "p")
 	d := startDaemon(t, h)
+	n := 0
 	cycle := func() {
 		mnt := d.open("s", dmCtx)
 		if _, err := os.ReadFile(mnt + "/memories/private/p.md"); err != nil {
+			t.Fatal(err)
+		}
+		// A directory of its own per session: its watch must go with it.
+		n++
+		h.write(fmt.Sprintf("memories/d%d/x.md", n), "x")
+		if _, err := os.ReadFile(fmt.Sprintf("%s/memories/d%d/x.md", mnt, n)); err != nil {
 			t.Fatal(err)
 		}
 		d.setContext("s", guildCtx)
@@ -460,8 +483,12 @@ func TestSessionsDoNotLeak(t *testing.T) {
 		cycle()
 	}
 	before := countFDs(t, d.cmd.Process.Pid)
+	watchesBefore := countWatches(t, d.cmd.Process.Pid)
 	for i := 0; i < 20; i++ {
 		cycle()
+	}
+	if w := countWatches(t, d.cmd.Process.Pid); w > watchesBefore {
+		t.Errorf("inotify watches %d -> %d over 20 sessions", watchesBefore, w)
 	}
 	// A shared connection closes a view's backing directories when the
 	// kernel has forgotten its last node, which follows the unmount by a

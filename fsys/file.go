@@ -138,7 +138,8 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 // Flush answers ENOSYS, which tells the kernel to send no FLUSH again on
 // this connection: a round trip saved on every close(2). Nothing is lost:
 // writes reach the backing file as they are made (no write-back cache),
-// and POSIX locks are released on close by their own SETLK request.
+// and POSIX locks, held as OFD locks on the handle's fd (go-fuse), go when
+// RELEASE closes it, as they did when FLUSH only closed a dup.
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.ENOSYS }
 
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {

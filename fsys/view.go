@@ -541,18 +541,14 @@ func (v *View) invalidate(scoped bool) error {
 	}
 	if !v.bumpEpoch(scoped) {
 		if scoped {
-			cfg := v.rules.Load()
-			root := v.root.EmbeddedInode()
-			for name, child := range root.Children() {
-				sp, ok := spaceByName(name)
-				if !ok {
-					continue
-				}
-				v.invalidateRuled(cfg, sp, child, "/")
-				if _, ruled := cfg.Visible(sp, "/", *v.atoms.Load()); ruled {
-					root.NotifyEntry(name)
-				}
+			// Only entries a rule governs can change their decision; the
+			// walk descends only where a rule names a path below.
+			cfg, atoms := v.rules.Load(), *v.atoms.Load()
+			ruled := func(sp acl.Space, p string) bool {
+				_, r := cfg.Visible(sp, p, atoms)
+				return r
 			}
+			v.dropWhere(func(sp acl.Space, p string) bool { return ruled(sp, p) || cfg.HasRulesUnder(sp, p) }, ruled)
 		} else {
 			v.invalidateEntries(v.root.EmbeddedInode())
 		}
@@ -570,44 +566,22 @@ func (v *View) invalidate(scoped bool) error {
 
 // invalidateChanged drops the cached entries whose decision differs between
 // the old rules and cfg (all of a space whose hiding of multiply-linked
-// files changed; everything when old is unknown), deepest first.
+// files changed; everything when old is unknown).
 func (v *View) invalidateChanged(old, cfg *acl.Config) {
-	root := v.root.EmbeddedInode()
 	if old == nil {
-		v.invalidateEntries(root)
+		v.invalidateEntries(v.root.EmbeddedInode())
 		return
 	}
 	atoms := *v.atoms.Load()
-	var walk func(sp acl.Space, dir *fs.Inode, p string)
-	walk = func(sp acl.Space, dir *fs.Inode, p string) {
-		for name, child := range dir.Children() {
-			cp := join(p, name)
-			if child.IsDir() {
-				walk(sp, child, cp)
-			}
-			ov, or := old.Visible(sp, cp, atoms)
-			nv, nr := cfg.Visible(sp, cp, atoms)
-			if ov != nv || or != nr {
-				dir.NotifyEntry(name)
-			}
-		}
-	}
-	for name, child := range root.Children() {
-		sp, ok := spaceByName(name)
-		if !ok {
-			continue
-		}
+	changed := func(sp acl.Space, p string) bool {
 		if old.HasRules(sp) != cfg.HasRules(sp) {
-			v.invalidateEntries(child)
-		} else {
-			walk(sp, child, "/")
+			return true
 		}
-		ov, or := old.Visible(sp, "/", atoms)
-		nv, nr := cfg.Visible(sp, "/", atoms)
-		if ov != nv || or != nr {
-			root.NotifyEntry(name)
-		}
+		ov, or := old.Visible(sp, p, atoms)
+		nv, nr := cfg.Visible(sp, p, atoms)
+		return ov != nv || or != nr
 	}
+	v.dropWhere(func(acl.Space, string) bool { return true }, changed)
 }
 
 // bumpEpoch invalidates every cached entry of the view's connection at once,
@@ -635,35 +609,46 @@ func (v *View) bumpEpoch(scoped bool) bool {
 	return false
 }
 
-// invalidateRuled invalidates the cached entries below dir (at path p in
-// space sp) whose decision a rule governs, deepest first; it descends only
-// where some rule names a path below, or one above already governs.
-func (v *View) invalidateRuled(cfg *acl.Config, sp acl.Space, dir *fs.Inode, p string) {
-	atoms := *v.atoms.Load()
-	for name, child := range dir.Children() {
-		cp := join(p, name)
-		_, ruled := cfg.Visible(sp, cp, atoms)
-		if child.IsDir() && (ruled || cfg.HasRulesUnder(sp, cp)) {
-			v.invalidateRuled(cfg, sp, child, cp)
+// dropWhere drops, deepest first, the cached entries of every space (its
+// root entry included) whose path drop selects, descending into a cached
+// directory where descend says. Every invalidation walk is this one, with
+// its own selection.
+func (v *View) dropWhere(descend, drop func(sp acl.Space, p string) bool) {
+	root := v.root.EmbeddedInode()
+	for name, child := range root.Children() {
+		sp, ok := spaceByName(name)
+		if !ok {
+			continue
 		}
-		if ruled {
-			if errno := dir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
-				v.log.Debug("NotifyEntry", "name", name, "errno", errno)
-			}
+		v.dropCached(child, "/", func(p string) bool { return descend(sp, p) }, func(p string) bool { return drop(sp, p) })
+		if drop(sp, "/") {
+			v.notifyEntry(root, name)
 		}
 	}
 }
 
-// invalidateEntries walks the inode tree and invalidates every cached
-// child entry, deepest first so that parents are dropped last.
-func (v *View) invalidateEntries(dir *fs.Inode) {
+// dropCached is dropWhere's walk below dir, at path p in its space.
+func (v *View) dropCached(dir *fs.Inode, p string, descend, drop func(p string) bool) {
 	for name, child := range dir.Children() {
-		if child.IsDir() {
-			v.invalidateEntries(child)
+		cp := join(p, name)
+		if child.IsDir() && descend(cp) {
+			v.dropCached(child, cp, descend, drop)
 		}
-		if errno := dir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
-			v.log.Debug("NotifyEntry", "name", name, "errno", errno)
+		if drop(cp) {
+			v.notifyEntry(dir, name)
 		}
+	}
+}
+
+// invalidateEntries drops every cached entry below dir.
+func (v *View) invalidateEntries(dir *fs.Inode) {
+	all := func(string) bool { return true }
+	v.dropCached(dir, "/", all, all)
+}
+
+func (v *View) notifyEntry(dir *fs.Inode, name string) {
+	if errno := dir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
+		v.log.Debug("NotifyEntry", "name", name, "errno", errno)
 	}
 }
 

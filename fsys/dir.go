@@ -26,6 +26,7 @@ type dirHandle struct {
 	pos     uint64 // entries handed out since the last rewind
 	dirPath string
 	dirOK   bool
+	cached  bool // opened with its listing cached (listing.go)
 }
 
 var (
@@ -51,7 +52,8 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
-	return &dirHandle{node: n, fd: fd, buf: make([]byte, 8<<10)}, 0, 0
+	open, cached := n.cacheFlags(&t, fd)
+	return &dirHandle{node: n, fd: fd, buf: make([]byte, 8<<10), cached: cached}, open, 0
 }
 
 var _ fs.FileLookuper = (*dirHandle)(nil)
@@ -137,6 +139,10 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			}
 			mode = st.Mode
 			if v.hides(snap.cfg, sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
+				if st.Mode&unix.S_IFMT == unix.S_IFREG {
+					// Nothing reports the other link going away.
+					d.node.noListCache.Store(true)
+				}
 				continue
 			}
 		}
@@ -184,6 +190,9 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	if d.fd >= 0 {
 		unix.Close(d.fd)
 		d.fd = -1
+		if d.cached {
+			d.node.closedListing()
+		}
 	}
 }
 

@@ -216,7 +216,13 @@ func (g guardFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (cod
 
 func (g guardFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (code fuse.Status) {
 	defer g.done("OpenDir", g.now(), &code)
-	return g.RawFileSystem.OpenDir(cancel, input, out)
+	code = g.RawFileSystem.OpenDir(cancel, input, out)
+	if out.OpenFlags&dropCacheFlag != 0 {
+		// The cached listing is from an older epoch: the kernel drops it
+		// at open when FOPEN_KEEP_CACHE is clear (listing.go).
+		out.OpenFlags &^= dropCacheFlag | fuse.FOPEN_KEEP_CACHE
+	}
+	return code
 }
 
 func (g guardFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {

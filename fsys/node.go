@@ -25,6 +25,13 @@ type node struct {
 	spaceRoot bool
 	dev, ino  uint64
 	wd        atomic.Int32 // the inotify watch of its directory (set under the Watcher's lock)
+
+	// listGen is the view's listing epoch when a handle last opened the
+	// directory with its listing cached (0: not cached); see listing.go.
+	listGen   atomic.Uint64
+	listSince atomic.Int64 // when the cached listing began (unix ns)
+	// noListCache: a listing of the directory hid a multiply-linked file.
+	noListCache atomic.Bool
 }
 
 // snapshot is the state one operation decides with: read once, so that an

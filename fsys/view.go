@@ -108,17 +108,19 @@ type View struct {
 	rawFS       fuse.RawFileSystem
 	fsOpts      *fs.Options
 	server      *fuse.Server
-	devFD       int         // our own dup of the /dev/fuse fd, for notifications
-	mntID       uint64      // the kernel's id of our mount, to unmount exactly it
-	fusermount  bool        // mounted by fusermount3 (a daemon that is not root)
-	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
-	switchCreds bool        // root: act as each caller
-	reloadOld   *acl.Config // the rules before the reload being applied (Invalidate)
-	plusHanded  atomic.Bool // a listing handed out a full entry since the last reload
-	hub         *Hub        // the hub serving the view, if any
-	hubName     string      // the view's directory in the hub
-	gen         uint64      // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev     uint64      // the memories backing's device, mixed into inode numbers
+	devFD       int           // our own dup of the /dev/fuse fd, for notifications
+	mntID       uint64        // the kernel's id of our mount, to unmount exactly it
+	fusermount  bool          // mounted by fusermount3 (a daemon that is not root)
+	epoch       atomic.Bool   // the kernel accepts FUSE_NOTIFY_INC_EPOCH
+	switchCreds bool          // root: act as each caller
+	reloadOld   *acl.Config   // the rules before the reload being applied (Invalidate)
+	plusHanded  atomic.Bool   // a listing handed out a full entry since the last reload
+	listEpoch   atomic.Uint64 // moves on when every cached listing becomes invalid
+	lists       listings
+	hub         *Hub   // the hub serving the view, if any
+	hubName     string // the view's directory in the hub
+	gen         uint64 // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev     uint64 // the memories backing's device, mixed into inode numbers
 	groups      groupCache
 	log         *slog.Logger
 	closed      atomic.Bool
@@ -192,7 +194,9 @@ func newView(opts Options) (*View, error) {
 	v := &View{
 		opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}),
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
+		lists: listings{open: map[*node]int{}},
 	}
+	v.listEpoch.Store(1)
 	set := opts.Context
 	v.atoms.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
@@ -559,6 +563,11 @@ func (v *View) invalidate(scoped bool) error {
 		// directory's readdir to finish linking. (Only a view whose
 		// listings handed out entries since the last reload can have one.)
 		v.invalidateChanged(v.reloadOld, v.rules.Load())
+	}
+	if !scoped {
+		// A listing the kernel caches cannot change on a switch (only
+		// directories no rule reaches are cached), but may on a reload.
+		v.dropListings()
 	}
 	v.revoke()
 	return nil

@@ -268,17 +268,24 @@ func (w *Watcher) flush() {
 				if sp := v.root.GetChild(t.n.space.String()); sp != nil {
 					v.invalidateEntries(sp)
 				}
+				v.dropListings()
 			}
 		}
 		dir := t.n.EmbeddedInode()
 		dir.NotifyContent(-1, 0) // the directory's own attributes (mtime, nlink)
 		if t.name == "" {
+			if t.mask&unix.IN_MOVE_SELF != 0 && v.rules.Load().HasRules(t.n.space) {
+				// The names below moved with it: rules may decide them
+				// differently now.
+				v.dropListings()
+			}
 			continue
 		}
 		if t.mask&^(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) != 0 {
 			// Made, removed, moved, or its attributes changed (a link
-			// count, a mode): the next access looks it up and decides.
-			dir.NotifyEntry(t.name)
+			// count, a mode): the next access looks it up and decides,
+			// and a cached listing goes (after the listings in flight).
+			t.n.dropListing(t.name)
 		}
 		if ch := dir.GetChild(t.name); ch != nil {
 			ch.NotifyContent(0, 0) // attributes and cached pages
@@ -304,5 +311,6 @@ func (w *Watcher) overflow() {
 		if !v.bumpEpoch(false) {
 			v.invalidateEntries(v.root.EmbeddedInode())
 		}
+		v.dropListings()
 	}
 }

@@ -1,0 +1,196 @@
+package integration
+
+import (
+	"os"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestListingCache: the kernel keeps listings of directories no rule
+// reaches (a second listing reaches no READDIR at the daemon), and such a
+// listing never outlives what changes it: a change to the backing
+// directory, a reload (a handle held open and rewound included), a new hard
+// link in a space with rules (which hides both names), and a directory
+// moved to where rules decide its names.
+func TestListingCache(t *testing.T) {
+	const rules = privateRule + `
+[memories."/dest/secret2.md"]
+when = "discord:guild:1"
+action = "allow"
+`
+	const hiding = rules + `
+[memories."/plain/secret.md"]
+when = "discord:guild:1"
+action = "allow"
+`
+	h := newHome(t, rules, "version: 1\n")
+	for _, f := range []string{"a.md", "b.md", "secret.md", "linked.md"} {
+		h.write("memories/plain/"+f, f)
+	}
+	h.write("memories/mv/secret2.md", "s")
+	h.write("memories/private/p.md", "protected")
+	sock := h.path("metrics.sock")
+	d := startDaemon(t, h, "--cache-ttl", "1m", "--metrics", sock)
+	mnt := d.open("s", dmCtx)
+	plain := mnt + "/memories/plain"
+
+	list := func(dir string) []string {
+		t.Helper()
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatalf("readdir %s: %v", dir, err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	readdirs := func() float64 {
+		var n float64
+		for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "op" && (lp.GetValue() == "ReadDir" || lp.GetValue() == "ReadDirPlus") {
+					n += float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+		return n
+	}
+	if got := list(plain); !slices.Equal(got, []string{"a.md", "b.md", "linked.md", "secret.md"}) {
+		t.Fatalf("listing: %v", got)
+	}
+	before := readdirs()
+	for i := 0; i < 5; i++ {
+		list(plain)
+	}
+	if after := readdirs(); after != before {
+		t.Fatalf("%v READDIRs reached the daemon for a cached listing", after-before)
+	}
+
+	within := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(3 * time.Second); !ok(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not seen through the view within 3s\n%s", what, d.log())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Changes another process makes; the second puts the directory's
+	// mtime back, as rsync -a or tar do, so the kernel's own check of the
+	// mtime cannot see it.
+	h.write("memories/plain/new.md", "n")
+	within("a name made in the backing directory", func() bool { return slices.Contains(list(plain), "new.md") })
+	st, err := os.Stat(h.path("memories/plain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(h.path("memories/plain/new.md"))
+	if err := os.Chtimes(h.path("memories/plain"), st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	within("a name removed, the mtime put back", func() bool { return !slices.Contains(list(plain), "new.md") })
+	list(plain)
+	h.write("memories/plain/new2.md", "n")
+	if err := os.Chtimes(h.path("memories/plain"), st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	within("a name made, the mtime put back", func() bool { return slices.Contains(list(plain), "new2.md") })
+	os.Remove(h.path("memories/plain/new2.md"))
+
+	// A handle held open across a reload that hides a name, then rewound,
+	// lists without it, and so does a new listing, as soon as the reload
+	// has returned.
+	f, err := os.Open(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if names, _ := f.Readdirnames(-1); !slices.Contains(names, "secret.md") {
+		t.Fatalf("held handle: %v", names)
+	}
+	h.write("config/conditions.toml", hiding)
+	d.call("config.reload", map[string]any{}, nil)
+	r0 := readdirs()
+	if _, err := f.Seek(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := f.Readdirnames(-1)
+	t.Logf("TMP %v %v", readdirs()-r0, names)
+	if slices.Contains(names, "secret.md") {
+		t.Fatalf("a held handle, rewound after the reload, lists a name the new rules hide: %v", names)
+	}
+	if names := list(plain); slices.Contains(names, "secret.md") {
+		t.Fatalf("a listing after the reload shows a name the new rules hide: %v", names)
+	}
+	h.write("config/conditions.toml", rules)
+	d.call("config.reload", map[string]any{}, nil)
+	if names := list(plain); !slices.Contains(names, "secret.md") {
+		t.Fatalf("the name is back in the rules but not in the listing: %v", names)
+	}
+
+	// The first rule of a space hides its multiply-linked files, though no
+	// rule names them: a listing held open and rewound after that reload
+	// shows none. (Their names are looked up before the listing, which
+	// then notifies none of them by itself.)
+	h.write("workspace/w/one.md", "1")
+	os.Link(h.path("workspace/w/one.md"), h.path("workspace/w/two.md"))
+	w := mnt + "/workspace/w"
+	os.Lstat(w + "/one.md")
+	os.Lstat(w + "/two.md")
+	if names := list(w); !slices.Equal(names, []string{"one.md", "two.md"}) {
+		t.Fatalf("no rules in workspace yet: %v", names)
+	}
+	hw, err := os.Open(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	hw.Readdirnames(-1)
+	h.write("config/conditions.toml", rules+"\n[workspace.\"/elsewhere/\"]\nwhen = \"internal\"\naction = \"allow\"\n")
+	d.call("config.reload", map[string]any{}, nil)
+	hw.Seek(0, 0)
+	if names, _ := hw.Readdirnames(-1); len(names) != 0 {
+		t.Fatalf("a held handle, rewound after a reload, lists files with two names in a space that has rules now: %v", names)
+	}
+	if names := list(w); len(names) != 0 {
+		t.Fatalf("a listing after the reload lists files with two names: %v", names)
+	}
+
+	// A second name made in the backing tree, in a listed directory, for a
+	// file of a protected directory: the cached listing goes, and the new
+	// name is hidden (a file with several names in a space with rules),
+	// and so is the file's other name in a second listed directory.
+	list(plain)
+	list(mnt + "/memories/private")
+	if err := os.Link(h.path("memories/private/p.md"), h.path("memories/plain/alias.md")); err != nil {
+		t.Fatal(err)
+	}
+	within("a name made by link(2)", func() bool { return !slices.Contains(list(mnt+"/memories/private"), "p.md") })
+	if names := list(plain); slices.Contains(names, "alias.md") {
+		t.Fatalf("a listing shows a second name of a protected file: %v", names)
+	}
+
+	// A directory another process moves to where a rule decides one of its
+	// names: a handle held on it lists without that name once rewound.
+	mv := mnt + "/memories/mv"
+	if names := list(mv); !slices.Contains(names, "secret2.md") {
+		t.Fatalf("mv: %v", names)
+	}
+	g, err := os.Open(mv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	g.Readdirnames(-1)
+	if err := os.Rename(h.path("memories/mv"), h.path("memories/dest")); err != nil {
+		t.Fatal(err)
+	}
+	within("a moved directory's names decided at its new path", func() bool {
+		g.Seek(0, 0)
+		names, _ := g.Readdirnames(-1)
+		return !slices.Contains(names, "secret2.md")
+	})
+}

@@ -138,6 +138,9 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 				continue
 			}
 			mode = st.Mode
+			if !v.opts.AllowHardlinks {
+				v.opts.Watcher.shows(&st)
+			}
 			if v.hides(snap.cfg, sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
 				if st.Mode&unix.S_IFMT == unix.S_IFREG {
 					// Nothing reports the other link going away.

@@ -24,13 +24,15 @@ import (
 //     open (no FOPEN_KEEP_CACHE); one open now (a listing may be in flight
 //     or a handle may rewind into the cache) is dropped at once;
 //   - a second name for a listed file, in a space with rules (which hides
-//     files with several names): link(2) raises no event at the first
-//     name's directory, and the new name may be anywhere. So in such a
-//     space every open looks at the directory's files' link counts first
-//     (one fstatat each, what a listing costs the daemon anyway, without
-//     the round trips) and lists uncached when one has several; a
-//     directory whose listing hid one is never cached again (noListCache),
-//     since nothing reports the other name going away.
+//     files with several names): link(2) raises no inotify event at the
+//     first name's directory, and the new name may be anywhere. A root
+//     daemon hears of it through a filesystem-wide fanotify mark
+//     (linkWatch), which drops the space's entries and listings. Without
+//     one, every open in such a space looks at the directory's files' link
+//     counts first (an fstatat each, what a listing costs the daemon
+//     anyway, less the round trips) and lists uncached when one has
+//     several. A directory whose listing hid one is never cached again
+//     (noListCache), since nothing reports the other name going away.
 //
 // A listing is kept no longer than the Watcher's TTL either way.
 
@@ -58,7 +60,7 @@ func (n *node) cacheFlags(t *target, fd int) (uint32, bool) {
 	v := n.view
 	if v.opts.Watcher == nil || n.wd.Load() == 0 || n.noListCache.Load() ||
 		t.ruled || t.snap.cfg.HasRulesUnder(n.space, t.path) ||
-		(!v.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space) && multiLinked(fd)) {
+		(!v.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space) && !v.opts.Watcher.watchesLinks(n.backing()) && multiLinked(fd)) {
 		n.listGen.Store(0)
 		return 0, false
 	}

@@ -279,15 +279,21 @@ func (v *View) stableAttr(st *unix.Stat_t) fs.StableAttr {
 	return fs.StableAttr{Mode: st.Mode, Ino: ino, Gen: v.gen}
 }
 
-// newChild makes (or finds) the node for the entry at path below n. An
-// entry no rule governs is cached long when the watcher reports changes in
-// n's directory; a new directory node is watched in turn.
+// newChild makes (or finds) the node for the entry at path below n. The
+// entry is cached long when the watcher reports changes in n's directory
+// (a switch or reload drops it when its decision changes); a new directory
+// node is watched in turn.
 func (n *node) newChild(ctx context.Context, st *unix.Stat_t, path string, ruled bool, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(toSyscall(st))
 	w := n.view.opts.Watcher
-	if ttl := w.ttlFor(n, ruled); ttl > 0 {
+	if ttl := w.ttlFor(n); ttl > 0 {
 		out.SetEntryTimeout(ttl)
-		out.SetAttrTimeout(ttl)
+		if !ruled || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			out.SetAttrTimeout(ttl)
+		}
+	}
+	if ruledSpace := n.view.rules.Load().HasRules(n.space); ruledSpace && !n.view.opts.AllowHardlinks {
+		w.shows(st)
 	}
 	child := &node{view: n.view, space: n.space, dev: st.Dev, ino: st.Ino}
 	return n.NewInode(ctx, child, n.view.stableAttr(st))
@@ -365,12 +371,13 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	return 0
 }
 
-// attrTTL is how long the kernel may keep n's attributes: long when no rule
-// governs n and a watch reports its changes (its directory's; a
-// directory's own), else 0 (the default).
+// attrTTL is how long the kernel may keep n's attributes: long when a
+// watch reports its changes (its directory's; a directory's own), else 0
+// (the default). A ruled directory's stay short: a switch drops its entry,
+// but a process whose cwd it is stats it without a lookup.
 func (n *node) attrTTL(isDir, ruled bool) time.Duration {
 	w := n.view.opts.Watcher
-	if w == nil || ruled {
+	if w == nil || (ruled && isDir) {
 		return 0
 	}
 	dir := n
@@ -380,7 +387,7 @@ func (n *node) attrTTL(isDir, ruled bool) time.Duration {
 			dir, _ = p.Operations().(*node)
 		}
 	}
-	return w.ttlFor(dir, false)
+	return w.ttlFor(dir)
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {

@@ -624,6 +624,7 @@ func (v *View) bumpEpoch(scoped bool) bool {
 // its own selection.
 func (v *View) dropWhere(descend, drop func(sp acl.Space, p string) bool) {
 	root := v.root.EmbeddedInode()
+	v.notifyEntry(root, barrierName) // see dropCached
 	for name, child := range root.Children() {
 		sp, ok := spaceByName(name)
 		if !ok {
@@ -636,8 +637,13 @@ func (v *View) dropWhere(descend, drop func(sp acl.Space, p string) bool) {
 	}
 }
 
-// dropCached is dropWhere's walk below dir, at path p in its space.
+// dropCached is dropWhere's walk below dir, at path p in its space. It
+// first waits for the lookups in flight in dir (the notification takes the
+// directory's lock, which a lookup holds until its entry is linked): one
+// decided before the change has its node in the tree by then, to be found
+// below.
 func (v *View) dropCached(dir *fs.Inode, p string, descend, drop func(p string) bool) {
+	v.notifyEntry(dir, barrierName)
 	for name, child := range dir.Children() {
 		cp := join(p, name)
 		if child.IsDir() && descend(cp) {
@@ -658,6 +664,28 @@ func (v *View) invalidateEntries(dir *fs.Inode) {
 func (v *View) notifyEntry(dir *fs.Inode, name string) {
 	if errno := dir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
 		v.log.Debug("NotifyEntry", "name", name, "errno", errno)
+	}
+}
+
+// linkedOn: a file on one of the filesystems devs got another name. In a
+// space with rules such a file is hidden, wherever the new name is: every
+// cached entry and listing of such a space on those filesystems goes.
+func (v *View) linkedOn(devs map[uint64]bool) {
+	if v.closed.Load() || v.opts.AllowHardlinks {
+		return
+	}
+	cfg, dropped := v.rules.Load(), false
+	for sp, b := range v.spaces {
+		if b == nil || !devs[b.dev] || !cfg.HasRules(acl.Space(sp)) {
+			continue
+		}
+		if in := v.root.GetChild(acl.Space(sp).String()); in != nil {
+			v.invalidateEntries(in)
+		}
+		dropped = true
+	}
+	if dropped {
+		v.dropListings()
 	}
 }
 

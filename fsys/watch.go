@@ -13,9 +13,9 @@ import (
 )
 
 // A Watcher lets the kernel keep what views show for a long time. Entries
-// and attributes of paths no rule governs (their decision cannot change on
-// a context switch, and a reload invalidates everything) are cached for
-// Watcher's TTL instead of a second; the Watcher keeps them true to the
+// and attributes are cached for Watcher's TTL instead of a second (a switch
+// or a reload drops every entry whose decision it changes, whatever the
+// TTL); the Watcher keeps them true to the
 // backing trees, which other processes may change, by watching (inotify)
 // every backing directory some view's kernel cache holds, and telling each
 // such view of every change below it: a name made, removed, moved or
@@ -33,13 +33,17 @@ type Watcher struct {
 	ttl time.Duration
 	log *slog.Logger
 
-	max     int // the most watches it holds (a share of the uid's inotify limit)
+	max     int        // the most watches it holds (a share of the uid's inotify limit)
+	links   *linkWatch // nil: views check link counts themselves
 	mu      sync.Mutex
 	byWD    map[int32]*watch
 	pending map[pendingKey]uint32
+	linked  map[uint64]bool // filesystems where a file got another name
 	timer   *time.Timer
 	closed  bool
 	done    chan struct{}
+
+	linksDone chan struct{}
 }
 
 type watch struct {
@@ -73,9 +77,17 @@ func NewWatcher(ttl time.Duration, log *slog.Logger) (*Watcher, error) {
 	}
 	w := &Watcher{
 		f: os.NewFile(uintptr(fd), "inotify"), ttl: ttl, log: log, max: maxWatches(),
-		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, done: make(chan struct{}),
+		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, linked: map[uint64]bool{}, done: make(chan struct{}),
+		links: newLinkWatch(),
 	}
 	go w.read()
+	if w.links != nil {
+		w.linksDone = make(chan struct{})
+		go func() {
+			defer close(w.linksDone)
+			w.links.read(w.linkedOn)
+		}()
+	}
 	return w, nil
 }
 
@@ -90,6 +102,10 @@ func (w *Watcher) Close() error {
 	w.mu.Unlock()
 	err := w.f.Close()
 	<-w.done
+	if w.links != nil {
+		w.links.close()
+		<-w.linksDone
+	}
 	return err
 }
 
@@ -170,11 +186,12 @@ func (w *Watcher) removeView(v *View) {
 	}
 }
 
-// ttl is how long the kernel may keep the entry or attributes of the node
-// ch (below the directory node dir): long when no rule governs it and the
-// watcher reports changes to it, else 0 (the view's default).
-func (w *Watcher) ttlFor(dir *node, ruled bool) time.Duration {
-	if w == nil || ruled || dir == nil || dir.wd.Load() == 0 {
+// ttlFor is how long the kernel may keep an entry below the directory node
+// dir, or its attributes: long when the watcher reports changes in dir,
+// else 0 (the view's default). A ruled directory's own attributes are the
+// exception (see attrTTL).
+func (w *Watcher) ttlFor(dir *node) time.Duration {
+	if w == nil || dir == nil || dir.wd.Load() == 0 {
 		return 0
 	}
 	return w.ttl
@@ -247,8 +264,21 @@ func (w *Watcher) flush() {
 		}
 	}
 	clear(w.pending)
+	var linkedViews map[*View]map[uint64]bool
+	if len(w.linked) > 0 {
+		linkedViews = map[*View]map[uint64]bool{}
+		for _, ws := range w.byWD {
+			for n := range ws.nodes {
+				linkedViews[n.view] = w.linked
+			}
+		}
+		w.linked = map[uint64]bool{}
+	}
 	w.timer = nil
 	w.mu.Unlock()
+	for v, devs := range linkedViews {
+		v.linkedOn(devs)
+	}
 	linked := map[string]bool{}
 	for _, t := range todo {
 		v := t.n.view
@@ -291,6 +321,35 @@ func (w *Watcher) flush() {
 			ch.NotifyContent(0, 0) // attributes and cached pages
 		}
 	}
+}
+
+// linkedOn is told by the link watch of filesystems on which a file got
+// another name; the views hear of it with the next flush.
+func (w *Watcher) linkedOn(devs map[uint64]bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	for d := range devs {
+		w.linked[d] = true
+	}
+	if w.timer == nil {
+		w.timer = time.AfterFunc(coalesce, w.flush)
+	}
+}
+
+// shows records that a view shows the file st in a space with rules.
+func (w *Watcher) shows(st *unix.Stat_t) {
+	if w != nil {
+		w.links.show(st)
+	}
+}
+
+// watchesLinks reports whether link counts rising on b's filesystem are
+// reported (see linkWatch).
+func (w *Watcher) watchesLinks(b *backing) bool {
+	return w != nil && w.links.watches(b)
 }
 
 // overflow: events were lost, so every view loses what it cached.

@@ -11,7 +11,8 @@ import (
 // reaches (a second listing reaches no READDIR at the daemon), and such a
 // listing never outlives what changes it: a change to the backing
 // directory, a reload (a handle held open and rewound included), a new hard
-// link in a space with rules (which hides both names), and a directory
+// link in a space with rules (which hides both names, wherever the new one
+// is made), and a directory
 // moved to where rules decide its names.
 func TestListingCache(t *testing.T) {
 	const rules = privateRule + `
@@ -30,6 +31,7 @@ action = "allow"
 	}
 	h.write("memories/mv/secret2.md", "s")
 	h.write("memories/private/p.md", "protected")
+	h.write("memories/solo/one.md", "1")
 	sock := h.path("metrics.sock")
 	d := startDaemon(t, h, "--cache-ttl", "1m", "--metrics", sock)
 	mnt := d.open("s", dmCtx)
@@ -113,13 +115,10 @@ action = "allow"
 	}
 	h.write("config/conditions.toml", hiding)
 	d.call("config.reload", map[string]any{}, nil)
-	r0 := readdirs()
 	if _, err := f.Seek(0, 0); err != nil {
 		t.Fatal(err)
 	}
-	names, _ := f.Readdirnames(-1)
-	t.Logf("TMP %v %v", readdirs()-r0, names)
-	if slices.Contains(names, "secret.md") {
+	if names, _ := f.Readdirnames(-1); slices.Contains(names, "secret.md") {
 		t.Fatalf("a held handle, rewound after the reload, lists a name the new rules hide: %v", names)
 	}
 	if names := list(plain); slices.Contains(names, "secret.md") {
@@ -172,6 +171,23 @@ action = "allow"
 	if names := list(plain); slices.Contains(names, "alias.md") {
 		t.Fatalf("a listing shows a second name of a protected file: %v", names)
 	}
+
+	// A second name made outside every watched directory, even outside the
+	// space: the file's listed name and its cached entry go all the same
+	// (the daemon's filesystem-wide watch of link counts).
+	solo := mnt + "/memories/solo"
+	time.Sleep(100 * time.Millisecond) // the watcher done with the changes above
+	list(solo)
+	if names := list(solo); !slices.Equal(names, []string{"one.md"}) {
+		t.Fatalf("solo: %v", names)
+	}
+	if err := os.Link(h.path("memories/solo/one.md"), h.path("outside-link")); err != nil {
+		t.Fatal(err)
+	}
+	within("a second name made outside the space hides the first", func() bool {
+		_, err := os.Lstat(solo + "/one.md")
+		return !slices.Contains(list(solo), "one.md") && err != nil
+	})
 
 	// A directory another process moves to where a rule decides one of its
 	// names: a handle held on it lists without that name once rewound.

@@ -115,6 +115,8 @@ type model struct {
 	// still answer (conditions.md guarantees revocation for those events),
 	// so held handles are not checked then.
 	backingChanged bool
+	// backingStep: this step changed the backing tree directly.
+	backingStep bool
 	// moved: renames through the root view, old name to new. This view's
 	// kernel may keep a dentry for the old name (up to its entry TTL) that
 	// leads to the same inode; an operation through it is decided by the
@@ -379,10 +381,12 @@ func (m *model) step(i int) {
 		// In the backing tree, as root: a second name for a file.
 		err := os.Link(m.backing(p), m.backing(q))
 		m.backingChanged = m.backingChanged || err == nil
+		m.backingStep = err == nil
 		desc = fmt.Sprintf("backing: link %s %s: %v", p, q, err == nil)
 	case 15:
 		err := os.Remove(m.backing(q))
 		m.backingChanged = m.backingChanged || err == nil
+		m.backingStep = err == nil
 		desc = fmt.Sprintf("backing: remove %s: %v", q, err == nil)
 	}
 	if desc != "" {
@@ -437,6 +441,21 @@ func (m *model) hidden(p string) bool {
 	return st.Mode&syscall.S_IFMT == syscall.S_IFREG && st.Nlink > 1
 }
 
+// listsHidden returns a name of the listing names (of directory p) that the
+// view must hide, if any.
+func (m *model) listsHidden(p, names string) string {
+	for _, n := range strings.Split(names, "/") {
+		if n == "" {
+			continue
+		}
+		child := strings.TrimSuffix(p, "/") + "/" + n
+		if !m.visible(child) || m.hidden(child) {
+			return n
+		}
+	}
+	return ""
+}
+
 // check walks the backing tree and asks the view about everything in it.
 func (m *model) check() {
 	v := m.view + "/memories"
@@ -465,13 +484,19 @@ func (m *model) check() {
 			if !m.visible(p) || !m.nativeCan(p, 4) {
 				m.fail("listed %s: the rules or native refuse it", p)
 			}
-			for _, n := range strings.Split(names, "/") {
-				if n == "" {
-					continue
+			// A change made in the backing tree reaches cached listings
+			// through the daemon's watches, moments later: give it those.
+			for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				bad := m.listsHidden(p, names)
+				if bad == "" {
+					break
 				}
-				child := strings.TrimSuffix(p, "/") + "/" + n
-				if !m.visible(child) || m.hidden(child) {
-					m.fail("%s lists %s, which the view must hide", p, n)
+				if !m.backingStep || time.Now().After(deadline) {
+					m.fail("%s lists %s, which the view must hide", p, bad)
+					break
+				}
+				if ok, names = m.sh.do("ls", v+strings.TrimSuffix(p, "/")); !ok {
+					break
 				}
 			}
 			return nil
@@ -540,6 +565,7 @@ func modelRun(t *testing.T, seed int64, steps int) {
 		m.sh = startShell(t)
 		deadline := time.Now().Add(modelBudget(steps))
 		for i := 0; i < steps && time.Now().Before(deadline); i++ {
+			m.backingStep = false
 			m.step(i)
 			m.check()
 		}

@@ -1,0 +1,205 @@
+package fsys
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// linkWatch tells the Watcher of link counts rising anywhere on the backing
+// trees' filesystems. In a space with rules a file with several names is
+// hidden (its other name may be protected), but link(2) raises no inotify
+// event at the directories of the file's other names, and the new name may
+// be in any directory, watched or not. A filesystem-wide fanotify mark
+// (root only; FAN_REPORT_FID, Linux 5.1) reports every attribute change,
+// link counts included. Without it, views check link counts themselves.
+type linkWatch struct {
+	f *os.File
+
+	mu     sync.Mutex
+	marked map[uint64]mark // by st_dev
+	failed map[uint64]bool
+	// shown: the regular files some view has shown in a space with rules
+	// (by dev, ino). A file no view shows can get names without anyone
+	// caring: other tenants of the filesystem must not drop every view's
+	// cache by linking their own files. Beyond shownMax, every file counts.
+	shown    map[[2]uint64]struct{}
+	shownAll bool
+}
+
+const shownMax = 1 << 20
+
+type mark struct {
+	fd   int       // an O_PATH fd on the filesystem, for open_by_handle_at
+	fsid unix.Fsid // how fanotify names the filesystem
+}
+
+func newLinkWatch() *linkWatch {
+	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_FID|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDONLY)
+	if err != nil {
+		return nil // not root, or an old kernel: views check link counts
+	}
+	return &linkWatch{f: os.NewFile(uintptr(fd), "fanotify"), marked: map[uint64]mark{}, failed: map[uint64]bool{}, shown: map[[2]uint64]struct{}{}}
+}
+
+// watches reports whether link counts on b's filesystem are reported,
+// marking the filesystem the first time.
+func (l *linkWatch) watches(b *backing) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.marked[b.dev]; ok {
+		return true
+	}
+	if l.failed[b.dev] {
+		return false
+	}
+	err := unix.FanotifyMark(int(l.f.Fd()), unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, unix.FAN_ATTRIB, unix.AT_FDCWD, b.real)
+	if err != nil {
+		// A filesystem without file handles (ENODEV, EOPNOTSUPP, EXDEV)
+		// or a directory gone.
+		l.failed[b.dev] = true
+		return false
+	}
+	// open_by_handle_at takes no O_PATH fd.
+	fd, err := unix.Open(b.real, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		l.failed[b.dev] = true
+		return false
+	}
+	var sf unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sf); err != nil {
+		unix.Close(fd)
+		l.failed[b.dev] = true
+		return false
+	}
+	l.marked[b.dev] = mark{fd: fd, fsid: sf.Fsid}
+	return true
+}
+
+// show records a regular file a view shows in a space with rules.
+func (l *linkWatch) show(st *unix.Stat_t) {
+	if l == nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return
+	}
+	k := [2]uint64{st.Dev, st.Ino}
+	l.mu.Lock()
+	if _, ok := l.shown[k]; !ok && !l.shownAll {
+		if len(l.shown) >= shownMax {
+			l.shownAll, l.shown = true, nil
+		} else {
+			l.shown[k] = struct{}{}
+		}
+	}
+	l.mu.Unlock()
+}
+
+func (l *linkWatch) close() {
+	l.f.Close()
+	l.mu.Lock()
+	for _, m := range l.marked {
+		unix.Close(m.fd)
+	}
+	l.mu.Unlock()
+}
+
+// read reports, until the fanotify fd is closed, the filesystems (st_dev)
+// on which a regular file now has several names; lost events report every
+// marked filesystem.
+func (l *linkWatch) read(linked func(devs map[uint64]bool)) {
+	buf := make([]byte, 64<<10)
+	for {
+		nr, err := l.f.Read(buf)
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				linked(l.all())
+			}
+			return
+		}
+		devs := map[uint64]bool{}
+		for off := 0; off+int(unsafe.Sizeof(unix.FanotifyEventMetadata{})) <= nr; {
+			md := (*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
+			if md.Event_len == 0 || off+int(md.Event_len) > nr {
+				break
+			}
+			ev := buf[off+int(md.Metadata_len) : off+int(md.Event_len)]
+			off += int(md.Event_len)
+			if md.Mask&unix.FAN_Q_OVERFLOW != 0 {
+				for d := range l.all() {
+					devs[d] = true
+				}
+				continue
+			}
+			if md.Mask&unix.FAN_ONDIR != 0 {
+				continue
+			}
+			if dev, ok := l.multiLinked(ev); ok {
+				devs[dev] = true
+			}
+		}
+		if len(devs) > 0 {
+			linked(devs)
+		}
+	}
+}
+
+func (l *linkWatch) all() map[uint64]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	devs := map[uint64]bool{}
+	for d := range l.marked {
+		devs[d] = true
+	}
+	return devs
+}
+
+// multiLinked decodes an event's file-id record and reports the device of
+// the file it names when that is a regular file with several names now.
+// What cannot be decoded or opened (a file gone since) is no such file.
+func (l *linkWatch) multiLinked(info []byte) (uint64, bool) {
+	// struct fanotify_event_info_fid: header (type u8, pad u8, len u16),
+	// fsid (2 × i32), then struct file_handle (bytes u32, type i32, handle).
+	const hdr, fsid = 4, 8
+	if len(info) < hdr+fsid+8 || info[0] != unix.FAN_EVENT_INFO_TYPE_FID {
+		return 0, false
+	}
+	fh := info[hdr+fsid:]
+	n := binary.NativeEndian.Uint32(fh[0:4])
+	typ := int32(binary.NativeEndian.Uint32(fh[4:8]))
+	if int(n) > len(fh)-8 {
+		return 0, false
+	}
+	handle := unix.NewFileHandle(typ, fh[8:8+n])
+	id := unix.Fsid{Val: [2]int32{int32(binary.NativeEndian.Uint32(info[4:8])), int32(binary.NativeEndian.Uint32(info[8:12]))}}
+	l.mu.Lock()
+	mountFD := -1
+	for _, m := range l.marked {
+		if m.fsid == id {
+			mountFD = m.fd
+		}
+	}
+	l.mu.Unlock()
+	if mountFD < 0 {
+		return 0, false
+	}
+	fd, err := unix.OpenByHandleAt(mountFD, handle, unix.O_PATH)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink < 2 {
+		return 0, false
+	}
+	l.mu.Lock()
+	_, shown := l.shown[[2]uint64{st.Dev, st.Ino}]
+	shown = shown || l.shownAll
+	l.mu.Unlock()
+	return st.Dev, shown
+}

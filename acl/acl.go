@@ -282,12 +282,12 @@ func (c *Config) Visible(s Space, p string, atoms cctx.Set) (visible, ruled bool
 // their rules, so views refuse it.
 func (c *Config) HasRulesUnder(s Space, p string) bool {
 	n := c.spaces[s]
-	if p != "/" {
-		for _, seg := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
-			if n = n.children[seg]; n == nil {
-				return false
-			}
+	for i := 1; i < len(p); {
+		seg, next := segment(p, i)
+		if n = n.children[seg]; n == nil {
+			return false
 		}
+		i = next
 	}
 	return len(n.prefix) > 0 || len(n.exact) > 0 || len(n.children) > 0
 }

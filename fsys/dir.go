@@ -48,12 +48,12 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 		return nil, 0, syscall.ENOTDIR
 	}
 	n.watch(t.path)
-	fd, err := reopen(t.fd, unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := reopenDir(t.fd)
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
 	open, cached := n.cacheFlags(&t, fd)
-	return &dirHandle{node: n, fd: fd, buf: make([]byte, 8<<10), cached: cached}, open, 0
+	return &dirHandle{node: n, fd: fd, cached: cached}, open, 0
 }
 
 var _ fs.FileLookuper = (*dirHandle)(nil)
@@ -109,6 +109,10 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	v, sp, b := d.node.view, d.node.space, d.node.backing()
 	for {
 		if d.off >= d.n {
+			if d.buf == nil {
+				// Most opens of a cached listing never read.
+				d.buf = make([]byte, 8<<10)
+			}
 			nb, err := unix.Getdents(d.fd, d.buf)
 			if err != nil {
 				return nil, errnoOf(err)
@@ -196,6 +200,22 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 		if d.cached {
 			d.node.closedListing()
 		}
+	}
+}
+
+// reopenDir opens the directory an O_PATH fd stands for, for reading: as
+// "." beneath it, which is that directory and needs no walk through /proc;
+// through /proc (reopen) when the caller may read it but not search it.
+func reopenDir(pathFD int) (int, error) {
+	for {
+		fd, err := unix.Openat(pathFD, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EACCES:
+			return reopen(pathFD, unix.O_RDONLY|unix.O_DIRECTORY)
+		}
+		return fd, err
 	}
 }
 

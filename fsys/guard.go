@@ -51,7 +51,13 @@ func (g guardFS) recovered(op string, r any, code *fuse.Status) {
 
 func (g guardFS) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) (code fuse.Status) {
 	defer g.done("Lookup", g.now(), &code)
-	return g.RawFileSystem.Lookup(cancel, header, name, out)
+	code = g.RawFileSystem.Lookup(cancel, header, name, out)
+	if code == fuse.ENOENT && out.NodeId == 0 && out.EntryTimeout() > 0 {
+		// node.Lookup marked the absence as one the kernel may remember:
+		// a reply without a node is a negative entry.
+		code = fuse.OK
+	}
+	return code
 }
 
 func (g guardFS) Forget(nodeid uint64, nlookup uint64) {

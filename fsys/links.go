@@ -31,7 +31,7 @@ type linkWatch struct {
 	shownAll bool
 }
 
-const shownMax = 1 << 20
+const shownMax = 1 << 18
 
 type mark struct {
 	fd   int       // an O_PATH fd on the filesystem, for open_by_handle_at

@@ -112,10 +112,13 @@ type target struct {
 	path  string // canonical path in the space
 	snap  snapshot
 	ruled bool // some rule governs the path or a directory above it
-	dirfd int  // O_PATH fd of the parent directory, or -1
-	name  string
-	fd    int         // O_PATH|O_NOFOLLOW fd of the entry itself, or -1
-	st    unix.Stat_t // the entry's attributes, when fd >= 0
+	// absent: the name is visible to the rules but not in the backing
+	// tree (ENOENT from the backing, not from a decision).
+	absent bool
+	dirfd  int // O_PATH fd of the parent directory, or -1
+	name   string
+	fd     int         // O_PATH|O_NOFOLLOW fd of the entry itself, or -1
+	st     unix.Stat_t // the entry's attributes, when fd >= 0
 }
 
 func (t *target) close() {
@@ -214,6 +217,7 @@ func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno sysc
 	fd, err := t.b.open(t.path, unix.O_PATH, 0)
 	if err != nil {
 		t.close()
+		t.absent = err == unix.ENOENT
 		return t, errnoOf(err)
 	}
 	t.fd = fd
@@ -345,6 +349,16 @@ var (
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	t, errno := n.enter(ctx, opLookup, name)
 	if errno != 0 {
+		if t.absent && !t.ruled {
+			// A name missing from the backing directory, which no rule
+			// governs: it appears only when something makes it there,
+			// which the watcher reports; the kernel may remember its
+			// absence (guardFS.Lookup), as git asks for .gitignore in
+			// every directory on every status.
+			if ttl := n.view.opts.Watcher.ttlFor(n); ttl > 0 {
+				out.SetEntryTimeout(ttl)
+			}
+		}
 		return nil, errno
 	}
 	defer t.leave()

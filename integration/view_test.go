@@ -482,6 +482,21 @@ func TestBackingChangesSeen(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	// The absence of a name no rule governs is remembered too (git asks
+	// for .gitignore in every directory), until the name is made.
+	missing := mnt + "/memories/notes/.gitignore"
+	if exists(missing) {
+		t.Fatal("a missing name exists")
+	}
+	before = lookups()
+	for i := 0; i < 10; i++ {
+		exists(missing)
+	}
+	if after := lookups(); after != before {
+		t.Fatalf("%v lookups of a missing name reached the daemon: its absence is not cached", after-before)
+	}
+	h.write("memories/notes/.gitignore", "x")
+	within("a name made where its absence was cached", func() bool { return exists(missing) })
 	os.WriteFile(h.path("memories/notes/a.md"), []byte("one and two"), 0o644)
 	within("a file grown", func() bool {
 		st, err := os.Stat(a)

@@ -144,3 +144,49 @@ func (n *node) dropListing(name string) {
 		in.NotifyContent(0, 0)
 	}
 }
+
+// absences records the names the kernel remembers as missing because the
+// rules hide them, so that a switch or reload, which may show them, can
+// tell it to forget them (dropAbsences); at most maxAbsences per view,
+// beyond which hidden names are answered uncached.
+type absences struct {
+	mu    sync.Mutex
+	names map[absence]struct{}
+}
+
+type absence struct {
+	dir  *node
+	name string
+}
+
+const maxAbsences = 4096
+
+// add records that dir's name is hidden, as decided at authGen g, and
+// reports whether the kernel may remember it. A switch or reload that
+// began after g (and may have read the records before this one) makes the
+// answer uncached: the record alone would be missed.
+func (a *absences) add(dir *node, name string, g uint64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.names) >= maxAbsences {
+		return false
+	}
+	if a.names == nil {
+		a.names = map[absence]struct{}{}
+	}
+	a.names[absence{dir, name}] = struct{}{}
+	return authGen.Load() == g
+}
+
+// dropAbsences makes the kernel forget every hidden name it remembers as
+// missing. Each notification waits for the lookups in flight in its
+// directory.
+func (v *View) dropAbsences() {
+	v.absences.mu.Lock()
+	names := v.absences.names
+	v.absences.names = nil
+	v.absences.mu.Unlock()
+	for k := range names {
+		v.notifyEntry(k.dir.EmbeddedInode(), k.name)
+	}
+}

@@ -115,6 +115,8 @@ type target struct {
 	// absent: the name is visible to the rules but not in the backing
 	// tree (ENOENT from the backing, not from a decision).
 	absent bool
+	// hidden: the rules hide the path (ENOENT from the decision).
+	hidden bool
 	dirfd  int // O_PATH fd of the parent directory, or -1
 	name   string
 	fd     int         // O_PATH|O_NOFOLLOW fd of the entry itself, or -1
@@ -187,6 +189,7 @@ func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno sysc
 	}
 	vis, ruled := t.snap.cfg.Visible(n.space, t.path, t.snap.atoms)
 	if !vis {
+		t.hidden = true
 		n.view.auditDeny(t.snap.atoms, n.space, t.path, op.String())
 		switch op {
 		case opIO:
@@ -347,15 +350,24 @@ var (
 // Lookup finds a child: one openat2 and one fstat (a missing name, the
 // common case before a create, costs one syscall).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	g := authGen.Load() // before the decision; see View.absences
 	t, errno := n.enter(ctx, opLookup, name)
 	if errno != 0 {
-		if t.absent && !t.ruled {
-			// A name missing from the backing directory, which no rule
-			// governs: it appears only when something makes it there,
-			// which the watcher reports; the kernel may remember its
-			// absence (guardFS.Lookup), as git asks for .gitignore in
-			// every directory on every status.
-			if ttl := n.view.opts.Watcher.ttlFor(n); ttl > 0 {
+		// The kernel may remember an absence (guardFS.Lookup) while it
+		// lasts: git asks for .gitignore in every directory, and for every
+		// file of a hidden directory it has in its index, on every status.
+		if (t.absent && !t.ruled) || t.hidden {
+			n.watch(dirOf(t.path))
+		}
+		if ttl := n.view.opts.Watcher.ttlFor(n); ttl > 0 {
+			switch {
+			case t.absent && !t.ruled:
+				// Missing from the backing directory, and no rule
+				// governs the name: it appears only when something
+				// makes it there, which the watcher reports.
+				out.SetEntryTimeout(ttl)
+			case t.hidden && name != "" && n.view.absences.add(n, name, g):
+				// Hidden: a switch or reload forgets it (dropAbsences).
 				out.SetEntryTimeout(ttl)
 			}
 		}

@@ -117,10 +117,11 @@ type View struct {
 	plusHanded  atomic.Bool   // a listing handed out a full entry since the last reload
 	listEpoch   atomic.Uint64 // moves on when every cached listing becomes invalid
 	lists       listings
-	hub         *Hub   // the hub serving the view, if any
-	hubName     string // the view's directory in the hub
-	gen         uint64 // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev     uint64 // the memories backing's device, mixed into inode numbers
+	absences    absences // hidden names the kernel remembers as missing
+	hub         *Hub     // the hub serving the view, if any
+	hubName     string   // the view's directory in the hub
+	gen         uint64   // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev     uint64   // the memories backing's device, mixed into inode numbers
 	groups      groupCache
 	log         *slog.Logger
 	closed      atomic.Bool
@@ -569,6 +570,8 @@ func (v *View) invalidate(scoped bool) error {
 		// directories no rule reaches are cached), but may on a reload.
 		v.dropListings()
 	}
+	// Hidden names may be shown now.
+	v.dropAbsences()
 	v.revoke()
 	return nil
 }

@@ -210,3 +210,43 @@ action = "allow"
 		return !slices.Contains(names, "secret2.md")
 	})
 }
+
+// TestHiddenAbsenceCached: the kernel remembers that a hidden name is
+// missing (git asks for every file of a hidden directory it has in its
+// index, on every status), and forgets it the moment a switch shows it.
+func TestHiddenAbsenceCached(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/private/diary.md", "secret")
+	sock := h.path("metrics.sock")
+	d := startDaemon(t, h, "--cache-ttl", "1m", "--metrics", sock)
+	mnt := d.open("s", guildCtx)
+	lookups := func() float64 {
+		var n float64
+		for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "op" && lp.GetValue() == "Lookup" {
+					n += float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+		return n
+	}
+	diary := mnt + "/memories/private/diary.md"
+	for round := 0; round < 3; round++ {
+		if exists(diary) {
+			t.Fatalf("round %d: a hidden file exists in the guild", round)
+		}
+		before := lookups()
+		for i := 0; i < 10; i++ {
+			exists(diary)
+		}
+		if n := lookups() - before; n != 0 {
+			t.Fatalf("round %d: %v lookups of a hidden name reached the daemon: its absence is not cached", round, n)
+		}
+		d.setContext("s", dmCtx)
+		if data, err := os.ReadFile(diary); err != nil || string(data) != "secret" {
+			t.Fatalf("round %d: right after the switch to a DM: %q %v (a remembered absence outlived the switch)", round, data, err)
+		}
+		d.setContext("s", guildCtx)
+	}
+}

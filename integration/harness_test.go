@@ -264,3 +264,16 @@ func mountsUnder(dir string) []string {
 	}
 	return out
 }
+
+// within waits up to 3 s for ok: a change made behind the view's back (the
+// backing tree, another process) reaches it through the daemon's watches
+// within moments, however long its caches last.
+func (d *daemon) within(what string, ok func() bool) {
+	d.t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); !ok(); {
+		if time.Now().After(deadline) {
+			d.t.Fatalf("%s: not seen through the view within 3s\n%s", what, d.log())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

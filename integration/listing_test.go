@@ -49,17 +49,7 @@ action = "allow"
 		}
 		return names
 	}
-	readdirs := func() float64 {
-		var n float64
-		for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "op" && (lp.GetValue() == "ReadDir" || lp.GetValue() == "ReadDirPlus") {
-					n += float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-		return n
-	}
+	readdirs := func() float64 { return fuseOps(t, sock, "ReadDir", "ReadDirPlus") }
 	if got := list(plain); !slices.Equal(got, []string{"a.md", "b.md", "linked.md", "secret.md"}) {
 		t.Fatalf("listing: %v", got)
 	}
@@ -71,15 +61,18 @@ action = "allow"
 		t.Fatalf("%v READDIRs reached the daemon for a cached listing", after-before)
 	}
 
-	within := func(what string, ok func() bool) {
+	// held opens a directory and reads it through, keeping it open.
+	held := func(dir string) *os.File {
 		t.Helper()
-		for deadline := time.Now().Add(3 * time.Second); !ok(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not seen through the view within 3s\n%s", what, d.log())
-			}
-			time.Sleep(10 * time.Millisecond)
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(func() { f.Close() })
+		f.Readdirnames(-1)
+		return f
 	}
+	within := func(what string, ok func() bool) { t.Helper(); d.within(what, ok) }
 	// Changes another process makes; the second puts the directory's
 	// mtime back, as rsync -a or tar do, so the kernel's own check of the
 	// mtime cannot see it.
@@ -142,12 +135,7 @@ action = "allow"
 	if names := list(w); !slices.Equal(names, []string{"one.md", "two.md"}) {
 		t.Fatalf("no rules in workspace yet: %v", names)
 	}
-	hw, err := os.Open(w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
-	hw.Readdirnames(-1)
+	hw := held(w)
 	h.write("config/conditions.toml", rules+"\n[workspace.\"/elsewhere/\"]\nwhen = \"internal\"\naction = \"allow\"\n")
 	d.call("config.reload", map[string]any{}, nil)
 	hw.Seek(0, 0)
@@ -195,12 +183,7 @@ action = "allow"
 	if names := list(mv); !slices.Contains(names, "secret2.md") {
 		t.Fatalf("mv: %v", names)
 	}
-	g, err := os.Open(mv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	g.Readdirnames(-1)
+	g := held(mv)
 	if err := os.Rename(h.path("memories/mv"), h.path("memories/dest")); err != nil {
 		t.Fatal(err)
 	}
@@ -220,17 +203,7 @@ func TestHiddenAbsenceCached(t *testing.T) {
 	sock := h.path("metrics.sock")
 	d := startDaemon(t, h, "--cache-ttl", "1m", "--metrics", sock)
 	mnt := d.open("s", guildCtx)
-	lookups := func() float64 {
-		var n float64
-		for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "op" && lp.GetValue() == "Lookup" {
-					n += float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-		return n
-	}
+	lookups := func() float64 { return fuseOps(t, sock, "Lookup") }
 	diary := mnt + "/memories/private/diary.md"
 	for round := 0; round < 3; round++ {
 		if exists(diary) {

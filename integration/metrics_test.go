@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,21 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fuseOps counts the FUSE requests of the given opcodes the daemon behind
+// the metrics socket has served.
+func fuseOps(t *testing.T, sock string, ops ...string) float64 {
+	t.Helper()
+	var n float64
+	for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == "op" && slices.Contains(ops, lp.GetValue()) {
+				n += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return n
 }
 
 func scrape(t *testing.T, sock string) map[string]*dto.MetricFamily {

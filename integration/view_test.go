@@ -452,17 +452,7 @@ func TestBackingChangesSeen(t *testing.T) {
 	os.Stat(a)
 	os.Stat(b)
 	time.Sleep(1200 * time.Millisecond)
-	lookups := func() float64 {
-		var n float64
-		for _, m := range scrape(t, sock)["condfs_fuse_op_seconds"].GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "op" && (lp.GetValue() == "Lookup" || lp.GetValue() == "GetAttr") {
-					n += float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-		return n
-	}
+	lookups := func() float64 { return fuseOps(t, sock, "Lookup", "GetAttr") }
 	before := lookups()
 	for i := 0; i < 10; i++ {
 		if _, err := os.Stat(a); err != nil {
@@ -473,15 +463,7 @@ func TestBackingChangesSeen(t *testing.T) {
 	if after := lookups(); after != before {
 		t.Fatalf("%v lookups and getattrs reached the daemon for cached entries\n%s", after-before, d.log())
 	}
-	within := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(3 * time.Second); !ok(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not seen through the view within 3s (the cache lasts a minute)\n%s", what, d.log())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	within := func(what string, ok func() bool) { t.Helper(); d.within(what, ok) }
 	// The absence of a name no rule governs is remembered too (git asks
 	// for .gitignore in every directory), until the name is made.
 	missing := mnt + "/memories/notes/.gitignore"

@@ -58,7 +58,7 @@ type listings struct {
 // unregister it.
 func (n *node) cacheFlags(t *target, fd int) (uint32, bool) {
 	v := n.view
-	if v.opts.Watcher == nil || n.wd.Load() == 0 || n.noListCache.Load() ||
+	if !v.opts.Watcher.live() || n.wd.Load() == 0 || n.noListCache.Load() ||
 		t.ruled || t.snap.cfg.HasRulesUnder(n.space, t.path) ||
 		(!v.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space) && !v.opts.Watcher.watchesLinks(n.backing()) && multiLinked(fd)) {
 		n.listGen.Store(0)
@@ -101,7 +101,7 @@ func multiLinked(fd int) bool {
 			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 				continue // gone since: the listing will not show it
 			}
-			if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 {
+			if multiNamed(&st) {
 				return true
 			}
 		}

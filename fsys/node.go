@@ -254,9 +254,15 @@ func (v *View) hides(cfg *acl.Config, sp acl.Space, path string, st *unix.Stat_t
 		target, err := link()
 		return err != nil || escapes(path, target)
 	case unix.S_IFREG:
-		return st.Nlink > 1 && !v.opts.AllowHardlinks && cfg.HasRules(sp)
+		return multiNamed(st) && !v.opts.AllowHardlinks && cfg.HasRules(sp)
 	}
 	return false
+}
+
+// multiNamed reports a regular file with more than one name: in a space
+// with rules it is hidden (hides), as its other name may be protected.
+func multiNamed(st *unix.Stat_t) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1
 }
 
 func readlinkat(dirfd int, name string) (string, error) {

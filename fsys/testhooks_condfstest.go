@@ -10,8 +10,12 @@ import (
 // Built only with -tags condfstest (the integration tests' binary): test
 // hooks that widen race windows so that a test can show a fix is needed.
 // CONDFS_TEST_PLUS_DELAY holds a READDIRPLUS entry between its decision
-// and the answer that carries it to the kernel.
+// and the answer that carries it to the kernel. CONDFS_TEST_NO_FANOTIFY
+// runs the daemon as one that cannot mark filesystems (not root).
 func init() {
+	if os.Getenv("CONDFS_TEST_NO_FANOTIFY") != "" {
+		noLinkWatch = true
+	}
 	if d, err := time.ParseDuration(os.Getenv("CONDFS_TEST_PLUS_DELAY")); err == nil {
 		plusDelay = d
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -44,7 +45,11 @@ type Watcher struct {
 	done    chan struct{}
 
 	linksDone chan struct{}
+	failed    atomic.Bool // reading events failed: nothing is reported any more
 }
+
+// live reports whether w reports changes, so that views may cache long.
+func (w *Watcher) live() bool { return w != nil && !w.failed.Load() }
 
 type watch struct {
 	path  string
@@ -191,7 +196,7 @@ func (w *Watcher) removeView(v *View) {
 // else 0 (the view's default). A ruled directory's own attributes are the
 // exception (see attrTTL).
 func (w *Watcher) ttlFor(dir *node) time.Duration {
-	if w == nil || dir == nil || dir.wd.Load() == 0 {
+	if !w.live() || dir == nil || dir.wd.Load() == 0 {
 		return 0
 	}
 	return w.ttl
@@ -205,6 +210,7 @@ func (w *Watcher) read() {
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
 				w.log.Error("inotify read; views keep their short caches only", "err", err)
+				w.failed.Store(true)
 				w.overflow()
 			}
 			return
@@ -285,14 +291,16 @@ func (w *Watcher) flush() {
 		if v.closed.Load() {
 			continue
 		}
-		if t.mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && t.name != "" {
+		if t.mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && t.name != "" && !w.watchesLinks(t.n.backing()) {
 			// A new name for an existing file (link(2)) changes no event
 			// of the file's other names' directories, yet hides them in a
 			// space with rules: every cached entry of that space goes.
+			// (The link watch reports it instead where it runs, wherever
+			// the name is made.)
 			p := t.path + "/" + t.name
 			if _, seen := linked[p]; !seen {
 				var st unix.Stat_t
-				linked[p] = unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1
+				linked[p] = unix.Lstat(p, &st) == nil && multiNamed(&st)
 			}
 			if linked[p] && !v.opts.AllowHardlinks && v.rules.Load().HasRules(t.n.space) {
 				if sp := v.root.GetChild(t.n.space.String()); sp != nil {

@@ -173,6 +173,11 @@ action = "allow"
 		t.Fatal(err)
 	}
 	within("a second name made outside the space hides the first", func() bool {
+		if os.Getenv("CONDFS_TEST_NO_FANOTIFY") != "" {
+			// A daemon that cannot mark filesystems checks link counts
+			// when it lists; an entry it cached may show until its TTL.
+			return !slices.Contains(list(solo), "one.md")
+		}
 		_, err := os.Lstat(solo + "/one.md")
 		return !slices.Contains(list(solo), "one.md") && err != nil
 	})

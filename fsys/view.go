@@ -207,6 +207,10 @@ func newView(opts Options) (*View, error) {
 			return nil, err
 		}
 		v.spaces[i] = b
+		// Mark the filesystem before any entry of it is cached: a link made
+		// before the mark would go unreported. (One fd per filesystem, for
+		// the daemon's life.)
+		opts.Watcher.watchesLinks(b)
 	}
 	v.rootDev = v.spaces[0].dev
 	v.gen = 1

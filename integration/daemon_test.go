@@ -444,18 +444,24 @@ func countWatches(t *testing.T, pid int) int {
 }
 
 func countFDs(t *testing.T, pid int) int {
+	return len(listFDs(t, pid))
+}
+
+// listFDs names the process's open fds other than pipes, so that a leak
+// report says what leaked.
+func listFDs(t *testing.T, pid int) []string {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var fds []string
 	for _, e := range ents {
 		if target, err := os.Readlink(dir + "/" + e.Name()); err == nil && !strings.HasPrefix(target, "pipe:") {
-			n++
+			fds = append(fds, e.Name()+" -> "+target)
 		}
 	}
-	return n
+	return fds
 }
 
 // TestSessionsDoNotLeak: opening and closing sessions leaves the daemon's
@@ -482,7 +488,8 @@ func TestSessionsDoNotLeak(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		cycle()
 	}
-	before := countFDs(t, d.cmd.Process.Pid)
+	beforeFDs := listFDs(t, d.cmd.Process.Pid)
+	before := len(beforeFDs)
 	watchesBefore := countWatches(t, d.cmd.Process.Pid)
 	for i := 0; i < 20; i++ {
 		cycle()
@@ -499,7 +506,7 @@ func TestSessionsDoNotLeak(t *testing.T) {
 		after = countFDs(t, d.cmd.Process.Pid)
 	}
 	if after > before {
-		t.Fatalf("daemon fds %d -> %d over 20 sessions", before, after)
+		t.Fatalf("daemon fds %d -> %d over 20 sessions\nbefore: %q\nafter: %q", before, after, beforeFDs, listFDs(t, d.cmd.Process.Pid))
 	}
 	if m := mountsUnder(h.path("mnt")); len(m) != 0 {
 		t.Fatalf("mounts left: %v", m)

@@ -16,12 +16,13 @@ import (
 // the backing tree (found from its fd, so renames through any view count),
 // in the session's current context.
 //
-// Files under a rule at open use direct I/O: every read comes here. Files
-// under no rule use the page cache; when a context switch, a reload or a
-// rename through any view makes such a file denied, its cached pages (mmap'd
-// ones included) are dropped (revoke), so the next read comes here and
-// fails. There is no kernel passthrough: a passthrough handle can never be
-// cut off.
+// Every file uses the page cache, ruled or not, so that shared mmap works
+// everywhere: when a context switch, a reload or a rename through any view
+// makes an open file denied, its cached pages (mmap'd ones included) are
+// dropped before the call returns (revoke), so the next read or page fault
+// comes here and fails (a fault with SIGBUS). Closed files' pages stay
+// cached, but reaching them takes an OPEN, which is decided here. There is
+// no kernel passthrough: a passthrough handle can never be cut off.
 type fileHandle struct {
 	node  *node
 	fd    int
@@ -57,17 +58,24 @@ var (
 	_ fs.FileSetlkwer  = (*fileHandle)(nil)
 )
 
-// newHandle wraps an fd opened on n at path and registers it for
-// revocation.
-func (n *node) newHandle(fd int, path string, ruled bool) (*fileHandle, uint32) {
-	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: ruled, last: path}
+// newHandle wraps an fd opened on n for t and registers it for
+// revocation. A switch, reload or rename that began after t was decided may
+// have looked for open files (revoke) before this one was registered: the
+// handle is then decided again, and the kernel drops the file's cached
+// pages at open (no FOPEN_KEEP_CACHE), so nothing cached under the old
+// decision is read through it.
+func (n *node) newHandle(fd int, t *target) (*fileHandle, uint32, syscall.Errno) {
+	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: t.ruled, last: t.path}
 	n.view.track(h)
-	if ruled {
-		return h, fuse.FOPEN_DIRECT_IO
+	if authGen.Load() != t.gen {
+		if !h.decide(true) {
+			n.view.untrack(h)
+			unix.Close(fd)
+			return nil, 0, syscall.EACCES
+		}
+		return h, 0, 0
 	}
-	// Keep the page cache across opens: every open is decided by the
-	// daemon, and revoke drops the pages of open files that become denied.
-	return h, fuse.FOPEN_KEEP_CACHE
+	return h, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 // decide re-decides the handle in the current context. A file that lost its
@@ -260,6 +268,5 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 		unix.Close(fd)
 		return nil, 0, syscall.EACCES
 	}
-	fh, fflags := n.newHandle(fd, t.path, t.ruled)
-	return fh, fflags, 0
+	return n.newHandle(fd, t)
 }

@@ -74,7 +74,10 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		unix.Close(fd)
 		return nil, nil, 0, errno
 	}
-	fh, fflags := ch.Operations().(*node).newHandle(fd, t.path, t.ruled)
+	fh, fflags, errno := ch.Operations().(*node).newHandle(fd, &t)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
 	return ch, fh, fflags, 0
 }
 

@@ -111,7 +111,8 @@ type target struct {
 	b     *backing
 	path  string // canonical path in the space
 	snap  snapshot
-	ruled bool // some rule governs the path or a directory above it
+	ruled bool   // some rule governs the path or a directory above it
+	gen   uint64 // authGen before the decision (see newHandle)
 	// absent: the name is visible to the rules but not in the backing
 	// tree (ENOENT from the backing, not from a decision).
 	absent bool
@@ -179,6 +180,7 @@ func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno sysc
 		return t, syscall.ENOENT
 	}
 	t.b = n.backing()
+	t.gen = authGen.Load() // before the snapshot: see newHandle
 	t.snap = n.view.snapshot()
 	t.path, t.name = dir, name
 	if name != "" {

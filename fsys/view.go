@@ -22,8 +22,8 @@
 // where the kernel has it (Linux ≥ 6.16) and per-entry notifications
 // otherwise, and after the cached pages of every open file the new state
 // denies have been dropped. Negative entries are never cached. Every read,
-// write and listing that reaches the daemon decides again; files under a
-// rule use direct I/O so that every read does.
+// write and listing that reaches the daemon decides again; cached pages are
+// read only through a handle whose decision stands (newHandle, revoke).
 package fsys
 
 import (

@@ -369,8 +369,8 @@ func TestHandlesAcrossAContextSwitch(t *testing.T) {
 	}
 	h := fh.(*fileHandle)
 	defer h.Release(ctx)
-	if flags&fuse.FOPEN_DIRECT_IO == 0 {
-		t.Error("a ruled file is not opened with direct I/O")
+	if flags&fuse.FOPEN_DIRECT_IO != 0 || flags&fuse.FOPEN_KEEP_CACHE == 0 {
+		t.Errorf("a ruled file is opened with flags %#x, want the page cache kept", flags)
 	}
 	buf := make([]byte, 64)
 	if _, errno := h.Read(ctx, buf, 0); errno != 0 {
@@ -383,6 +383,39 @@ func TestHandlesAcrossAContextSwitch(t *testing.T) {
 	f.wantErrno("write after the switch", errno, syscall.EACCES)
 	var attr fuse.AttrOut
 	f.wantErrno("fgetattr after the switch", h.Getattr(ctx, &attr), syscall.EACCES)
+}
+
+// TestOpenAcrossASwitch: an open decided before a switch but registered for
+// revocation after it (revoke did not see it) is decided again: refused
+// when the switch denies the file, and without FOPEN_KEEP_CACHE (pages
+// cached under the old decision are dropped at open) when it still allows.
+func TestOpenAcrossASwitch(t *testing.T) {
+	f := newFixture(t, testRules, dm)
+	f.write("private/diary.md", "dear diary")
+	d := f.node("memories", "private", "diary.md")
+	open := func(between func()) (uint32, syscall.Errno) {
+		tg, errno := d.prepare(asCaller{}, opLookup, "")
+		if errno != 0 {
+			t.Fatal(errno)
+		}
+		defer tg.close()
+		between()
+		fh, flags, errno := d.openEntry(&tg, syscall.O_RDONLY)
+		if fh != nil {
+			fh.Release(context.Background())
+		}
+		return flags, errno
+	}
+	if flags, errno := open(func() {}); errno != 0 || flags&fuse.FOPEN_KEEP_CACHE == 0 {
+		t.Fatalf("open with no switch: flags %#x, %v", flags, errno)
+	}
+	_, errno := open(func() { f.v.SetContext(guild) })
+	f.wantErrno("open decided in a DM, finished in a guild", errno, syscall.EACCES)
+	f.v.SetContext(dm)
+	flags, errno := open(func() { f.v.SetContext(dm) })
+	if errno != 0 || flags&fuse.FOPEN_KEEP_CACHE != 0 {
+		t.Fatalf("open across a switch that still allows: flags %#x, %v; want no FOPEN_KEEP_CACHE", flags, errno)
+	}
 }
 
 func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {

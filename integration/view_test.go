@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -45,13 +46,40 @@ func TestContextFlips(t *testing.T) {
 	var started, completed atomic.Int64                 // switches begun and returned
 	allowedAt := func(n int64) bool { return n%2 == 1 } // odd: dm
 	var checked, stale atomic.Int64
+	var perKind [6][2]atomic.Int64 // answers checked by kind, denied and allowed
 	var staleMsg atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for r := 0; r < 4; r++ {
+	for r := 0; r < 6; r++ {
 		wg.Add(1)
 		go func(kind int) {
 			defer wg.Done()
+			// Kinds 4 and 5 read through a handle opened once (in a DM),
+			// whose pages the kernel caches: with pread, and through a
+			// shared mapping.
+			var held *os.File
+			var mapped []byte
+			for kind >= 4 && held == nil {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if f, err := os.Open(diary); err == nil {
+					held = f
+					defer f.Close()
+				}
+			}
+			if kind == 5 {
+				m, err := unix.Mmap(int(held.Fd()), 0, len("secret"), unix.PROT_READ, unix.MAP_SHARED)
+				if err != nil {
+					t.Errorf("mmap: %v", err)
+					return
+				}
+				defer unix.Munmap(m)
+				mapped = m
+			}
+			buf := make([]byte, len("secret"))
 			for {
 				select {
 				case <-stop:
@@ -60,6 +88,7 @@ func TestContextFlips(t *testing.T) {
 				}
 				c1, s1 := completed.Load(), started.Load()
 				var visible bool
+				var why error // what a reader saw, for the failure message
 				switch kind {
 				case 0:
 					_, err := os.Stat(diary)
@@ -69,18 +98,35 @@ func TestContextFlips(t *testing.T) {
 					visible = err == nil && string(b) == "secret"
 				case 2:
 					ents, err := os.ReadDir(mnt + "/memories")
+					why = err
 					for _, e := range ents {
 						visible = visible || (err == nil && e.Name() == "private")
 					}
 				case 3:
 					_, err := os.ReadDir(dir)
 					visible = err == nil
+				case 4:
+					n, err := held.ReadAt(buf, 0)
+					visible = err == nil && string(buf[:n]) == "secret"
+				case 5:
+					b, faulted := touch(mapped)
+					visible = !faulted && b == 's'
+				}
+				if kind >= 4 {
+					// Page-cache hits return at once; leave the
+					// switches some CPU.
+					time.Sleep(50 * time.Microsecond)
 				}
 				if s2 := started.Load(); s1 == c1 && s2 == s1 {
 					checked.Add(1)
+					if visible {
+						perKind[kind][1].Add(1)
+					} else {
+						perKind[kind][0].Add(1)
+					}
 					if visible != allowedAt(c1) {
 						stale.Add(1)
-						staleMsg.Store(fmt.Sprintf("reader %d after switch %d saw visible=%v", kind, c1, visible))
+						staleMsg.Store(fmt.Sprintf("reader %d after switch %d saw visible=%v (%v)", kind, c1, visible, why))
 					}
 				}
 			}
@@ -105,6 +151,12 @@ func TestContextFlips(t *testing.T) {
 	}
 	if checked.Load() < 1000 {
 		t.Fatalf("only %d answers fell between switches; the test proves little", checked.Load())
+	}
+	for k := range perKind {
+		if perKind[k][0].Load() == 0 || perKind[k][1].Load() == 0 {
+			t.Fatalf("reader %d gave %d denied and %d allowed answers between switches; the test proves little",
+				k, perKind[k][0].Load(), perKind[k][1].Load())
+		}
 	}
 	t.Logf("%d switches, %d answers checked, 0 stale", switches, checked.Load())
 }
@@ -194,12 +246,95 @@ func TestRevocation(t *testing.T) {
 	if n := daemonReads(d, "s") - readsBefore; n != 0 {
 		t.Fatalf("the daemon served %d READs for a warm file under no rule: the page cache is off", n)
 	}
-	// And a ruled file does reach the daemon.
+	// A ruled file is cached too (the first read of this test already
+	// cached it; the switches above dropped its pages only while denied).
+	diary := mnt + "/memories/private/diary.md"
+	os.ReadFile(diary)
 	readsBefore = daemonReads(d, "s")
-	os.ReadFile(mnt + "/memories/private/diary.md")
-	if daemonReads(d, "s") == readsBefore {
-		t.Fatal("a ruled file's read never reached the daemon: it cannot be revoked")
+	if got, err := os.ReadFile(diary); err != nil || string(got) != "secret diary" {
+		t.Fatalf("ruled read: %q %v", got, err)
 	}
+	if n := daemonReads(d, "s") - readsBefore; n != 0 {
+		t.Fatalf("the daemon served %d READs for a warm ruled file: the page cache is off", n)
+	}
+	// Its held handle, whose pages are cached now, is still cut off by a
+	// switch: the switch dropped them.
+	d.setContext("s", guildCtx)
+	if _, err := f.ReadAt(buf, 0); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("read of a cached ruled file after the switch: %v, want EACCES", err)
+	}
+}
+
+// TestMmapRevocation: shared mappings work, ruled files included, and a
+// switch or a reload that denies a mapped file drops its pages before it
+// returns: the next touch faults to the daemon and gets SIGBUS, even with
+// the descriptor closed after mmap. Switching back maps it in again.
+func TestMmapRevocation(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/private/diary.md", "secret diary")
+	h.write("memories/public.md", "public notes")
+	d := startDaemon(t, h)
+	mnt := d.open("s", dmCtx)
+	diary := mapShared(t, mnt+"/memories/private/diary.md")
+	public := mapShared(t, mnt+"/memories/public.md")
+	want := func(what string, m []byte, wantByte byte) {
+		t.Helper()
+		b, faulted := touch(m)
+		switch {
+		case wantByte == 0 && !faulted:
+			t.Fatalf("%s: read %q through the mapping, want SIGBUS", what, b)
+		case wantByte != 0 && (faulted || b != wantByte):
+			t.Fatalf("%s: %q (fault %v), want %q", what, b, faulted, wantByte)
+		}
+	}
+	want("ruled file mapped in a DM", diary, 's')
+	want("unruled file", public, 'p')
+	d.setContext("s", guildCtx)
+	want("ruled file after the switch to a guild", diary, 0)
+	want("unruled file after the switch", public, 'p')
+	d.setContext("s", dmCtx)
+	want("ruled file after switching back", diary, 's')
+	h.write("config/conditions.toml", privateRule+`
+[memories."/public.md"]
+when = "internal"
+action = "allow"
+`)
+	d.call("config.reload", map[string]any{}, nil)
+	want("file a reload put under a rule that denies it", public, 0)
+	want("ruled file after the reload", diary, 's')
+}
+
+// mapShared maps a whole file MAP_SHARED, read-only, and closes its
+// descriptor (the mapping keeps the file open).
+func mapShared(t *testing.T, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap MAP_SHARED %s: %v", path, err)
+	}
+	t.Cleanup(func() { unix.Munmap(m) })
+	return m
+}
+
+// touch reads a mapping's first byte; a SIGBUS (the daemon refused the
+// page) comes back as faulted.
+func touch(m []byte) (b byte, faulted bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			faulted = true
+		}
+	}()
+	return m[0], false
 }
 
 func daemonReads(d *daemon, id string) int64 {

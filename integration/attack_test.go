@@ -425,6 +425,51 @@ func TestAttackStaleDirectoryHandle(t *testing.T) {
 	}
 }
 
+// Class 12 (a guard for new surface, never a hole): ruled files use the page
+// cache, so a shared mapping of one made in a DM must stop reading when the
+// session moves to a guild, with the descriptor long closed.
+func TestAttackMappedRuledFile(t *testing.T) {
+	h := openHome(t, privateRule)
+	h.write("memories/private/diary.md", "secret diary")
+	chownTree(t, h.path("memories"), nobody)
+	d := startDaemon(t, h)
+	a := d.openFor("a", nobody, dmCtx)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "mmap", a+"/memories/private/diary.md")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	lines := bufio.NewScanner(stdout)
+	ask := func() string {
+		t.Helper()
+		fmt.Fprintln(stdin, "r")
+		if !lines.Scan() {
+			t.Fatal("attacker exited")
+		}
+		return lines.Text()
+	}
+	if !lines.Scan() || lines.Text() != "mapped" {
+		t.Fatalf("mmap: %s", lines.Text())
+	}
+	if got := ask(); got != `read "secret diary"` {
+		t.Fatalf("mapping read in a DM: %s", got)
+	}
+	d.setContext("a", guildCtx)
+	if got := ask(); got != "SIGBUS" {
+		t.Fatalf("mapping read after the switch to a guild: %s", got)
+	}
+	if got := asNobody(t, "cat", a+"/memories/private/diary.md"); got != "errno ENOENT" {
+		t.Fatalf("cat after the switch: %s", got)
+	}
+	d.setContext("a", dmCtx)
+	if got := ask(); got != `read "secret diary"` {
+		t.Fatalf("mapping read after switching back: %s", got)
+	}
+}
+
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // Class 10 (lower): the daemon opened backing files as root, so a 0700

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,6 +74,8 @@ func main() {
 				fmt.Printf("read %q\n", buf[:n])
 			}
 		}
+	case "mmap": // map MAP_SHARED and close the fd, then on each line of stdin read the mapping
+		mapped(p)
 	case "shell": // one command per line on stdin, one answer line each
 		shell(os.Stdin, os.Stdout)
 	default:
@@ -182,6 +185,46 @@ func shell(in *os.File, out *os.File) {
 		}
 		w.Flush()
 	}
+}
+
+// mapped maps the file at p shared and read-only, closes its descriptor
+// (the mapping keeps the file open), prints "mapped", and answers each line
+// of stdin with the mapping's bytes or "SIGBUS".
+func mapped(p string) {
+	fd, err := unix.Open(p, unix.O_RDONLY, 0)
+	if report(err) {
+		return
+	}
+	var st unix.Stat_t
+	if report(unix.Fstat(fd, &st)) {
+		return
+	}
+	m, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if report(err) {
+		return
+	}
+	unix.Close(fd)
+	fmt.Println("mapped")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if b, ok := touch(m); ok {
+			fmt.Printf("read %q\n", b)
+		} else {
+			fmt.Println("SIGBUS")
+		}
+	}
+}
+
+// touch copies a mapping; a fault (the daemon refused the page) is
+// recovered and reported as !ok.
+func touch(m []byte) (b []byte, ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			b, ok = nil, false
+		}
+	}()
+	return append([]byte(nil), m...), true
 }
 
 func readAll(fd int) {

@@ -92,10 +92,10 @@ func TestContextFlips(t *testing.T) {
 				switch kind {
 				case 0:
 					_, err := os.Stat(diary)
-					visible = err == nil
+					visible, why = err == nil, err
 				case 1:
 					b, err := os.ReadFile(diary)
-					visible = err == nil && string(b) == "secret"
+					visible, why = err == nil && string(b) == "secret", err
 				case 2:
 					ents, err := os.ReadDir(mnt + "/memories")
 					why = err
@@ -104,10 +104,10 @@ func TestContextFlips(t *testing.T) {
 					}
 				case 3:
 					_, err := os.ReadDir(dir)
-					visible = err == nil
+					visible, why = err == nil, err
 				case 4:
 					n, err := held.ReadAt(buf, 0)
-					visible = err == nil && string(buf[:n]) == "secret"
+					visible, why = err == nil && string(buf[:n]) == "secret", err
 				case 5:
 					b, faulted := touch(mapped)
 					visible = !faulted && b == 's'

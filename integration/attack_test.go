@@ -49,6 +49,32 @@ func asNobody(t *testing.T, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// converseAsNobody starts the attacker as uid and gid 65534 for a
+// subcommand that answers stdin line by line; it returns the first line and
+// a function that sends a line and returns the answer.
+func converseAsNobody(t *testing.T, args ...string) (string, func(string) string) {
+	t.Helper()
+	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", attackerBin}, args...)...)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		t.Fatalf("attacker %v exited at once", args)
+	}
+	return lines.Text(), func(line string) string {
+		t.Helper()
+		fmt.Fprintln(stdin, line)
+		if !lines.Scan() {
+			t.Fatal("attacker exited")
+		}
+		return lines.Text()
+	}
+}
+
 // openFor opens a session served to uid owner.
 func (d *daemon) openFor(id string, owner int, context any) string {
 	d.t.Helper()
@@ -228,25 +254,9 @@ action = "allow"
 	d := startDaemon(t, h)
 	a := d.openFor("a", nobody, guildCtx)
 	b := d.open("b", dmCtx)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "hold", a+"/workspace/plain.md")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer stdin.Close()
-	lines := bufio.NewScanner(stdout)
-	ask := func(cmd string) string {
-		t.Helper()
-		fmt.Fprintln(stdin, cmd)
-		if !lines.Scan() {
-			t.Fatal("attacker exited")
-		}
-		return lines.Text()
-	}
-	if !lines.Scan() || lines.Text() != "open" {
-		t.Fatalf("open: %s", lines.Text())
+	first, ask := converseAsNobody(t, "hold", a+"/workspace/plain.md")
+	if first != "open" {
+		t.Fatalf("open: %s", first)
 	}
 	if got := ask("r"); got != `read "v1"` {
 		t.Fatalf("read before: %s", got)
@@ -434,38 +444,22 @@ func TestAttackMappedRuledFile(t *testing.T) {
 	chownTree(t, h.path("memories"), nobody)
 	d := startDaemon(t, h)
 	a := d.openFor("a", nobody, dmCtx)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "mmap", a+"/memories/private/diary.md")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	first, ask := converseAsNobody(t, "mmap", a+"/memories/private/diary.md")
+	if first != "mapped" {
+		t.Fatalf("mmap: %s", first)
 	}
-	defer cmd.Wait()
-	defer stdin.Close()
-	lines := bufio.NewScanner(stdout)
-	ask := func() string {
-		t.Helper()
-		fmt.Fprintln(stdin, "r")
-		if !lines.Scan() {
-			t.Fatal("attacker exited")
-		}
-		return lines.Text()
-	}
-	if !lines.Scan() || lines.Text() != "mapped" {
-		t.Fatalf("mmap: %s", lines.Text())
-	}
-	if got := ask(); got != `read "secret diary"` {
+	if got := ask("r"); got != `read "secret diary"` {
 		t.Fatalf("mapping read in a DM: %s", got)
 	}
 	d.setContext("a", guildCtx)
-	if got := ask(); got != "SIGBUS" {
+	if got := ask("r"); got != "SIGBUS" {
 		t.Fatalf("mapping read after the switch to a guild: %s", got)
 	}
 	if got := asNobody(t, "cat", a+"/memories/private/diary.md"); got != "errno ENOENT" {
 		t.Fatalf("cat after the switch: %s", got)
 	}
 	d.setContext("a", dmCtx)
-	if got := ask(); got != `read "secret diary"` {
+	if got := ask("r"); got != `read "secret diary"` {
 		t.Fatalf("mapping read after switching back: %s", got)
 	}
 }

@@ -70,7 +70,9 @@ func (n *node) newHandle(fd int, t *target) (*fileHandle, uint32, syscall.Errno)
 	if authGen.Load() != t.gen {
 		if !h.decide(true) {
 			n.view.untrack(h)
-			unix.Close(fd)
+			// Through lf, which owns fd: an os.File left open closes its
+			// number again when collected, by then maybe another open's.
+			h.lf.Release(context.Background())
 			return nil, 0, syscall.EACCES
 		}
 		return h, 0, 0

@@ -9,6 +9,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -411,6 +412,28 @@ func TestOpenAcrossASwitch(t *testing.T) {
 	}
 	_, errno := open(func() { f.v.SetContext(guild) })
 	f.wantErrno("open decided in a DM, finished in a guild", errno, syscall.EACCES)
+	// The refused open's descriptor is closed once: its number, free
+	// again, goes to one of the next opens, and nothing closes it under
+	// that open later (the os.File that owned it did, when collected: a
+	// directory handle's fd, in the flips test under load).
+	var next []int
+	for i := 0; i < 8; i++ {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		next = append(next, fd)
+	}
+	for i := 0; i < 20; i++ {
+		runtime.GC()
+		time.Sleep(5 * time.Millisecond)
+		for _, fd := range next {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+				t.Fatalf("fd %d, opened after the refused open, was closed under it: %v", fd, err)
+			}
+		}
+	}
 	f.v.SetContext(dm)
 	flags, errno := open(func() { f.v.SetContext(dm) })
 	if errno != 0 || flags&fuse.FOPEN_KEEP_CACHE != 0 {

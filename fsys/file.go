@@ -29,6 +29,12 @@ type fileHandle struct {
 	lf    *fs.LoopbackFile // read, write, locks, seek, allocate on fd
 	ruled bool
 
+	// fdMu keeps fd open while decide reads it: revoke may decide a
+	// handle it listed just before RELEASE closed it, and the fd's number
+	// may belong to another open by then.
+	fdMu     sync.RWMutex
+	released bool
+
 	mu     sync.Mutex
 	last   string // the last path seen, for a file that has lost its name
 	gen    uint64 // authGen when vis was decided
@@ -69,10 +75,7 @@ func (n *node) newHandle(fd int, t *target) (*fileHandle, uint32, syscall.Errno)
 	n.view.track(h)
 	if authGen.Load() != t.gen {
 		if !h.decide(true) {
-			n.view.untrack(h)
-			// Through lf, which owns fd: an os.File left open closes its
-			// number again when collected, by then maybe another open's.
-			h.lf.Release(context.Background())
+			h.Release(context.Background())
 			return nil, 0, syscall.EACCES
 		}
 		return h, 0, 0
@@ -104,7 +107,13 @@ func (h *fileHandle) decide(audit bool) bool {
 	}
 	h.mu.Unlock()
 	b := h.node.backing()
+	h.fdMu.RLock()
+	if h.released {
+		h.fdMu.RUnlock()
+		return false
+	}
 	p, nlink, unlinked, ok := b.spacePath(h.fd)
+	h.fdMu.RUnlock()
 	h.mu.Lock()
 	switch {
 	case ok && !unlinked:
@@ -152,8 +161,14 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 // RELEASE closes it, as they did when FLUSH only closed a dup.
 func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.ENOSYS }
 
+// Release closes the handle's fd through lf, which owns it: an os.File
+// left open closes its number again when collected, by then maybe another
+// open's.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.node.view.untrack(h)
+	h.fdMu.Lock()
+	defer h.fdMu.Unlock()
+	h.released = true
 	return h.lf.Release(ctx)
 }
 

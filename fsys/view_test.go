@@ -441,6 +441,37 @@ func TestOpenAcrossASwitch(t *testing.T) {
 	}
 }
 
+// TestReleasedHandleDecidesNothing: revoke may decide a handle it listed
+// just before RELEASE closed its fd. The number may be another open's by
+// then; the released handle must not be decided by that file.
+func TestReleasedHandleDecidesNothing(t *testing.T) {
+	f := newFixture(t, testRules, dm)
+	f.write("private/diary.md", "dear diary")
+	f.write("plain.md", "plain")
+	ctx := context.Background()
+	fh, _, errno := f.node("memories", "private", "diary.md").Open(ctx, syscall.O_RDONLY)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	h := fh.(*fileHandle)
+	number := h.fd
+	h.Release(ctx)
+	fd, err := unix.Open(filepath.Join(f.mem, "plain.md"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	// The number goes to the other file, as the next open would take it.
+	if err := unix.Dup3(fd, number, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(number)
+	f.v.SetContext(guild) // the handle's last decision is out of date
+	if h.decide(false) {
+		t.Fatal("a released handle was decided visible, by the file that took its fd's number")
+	}
+}
+
 func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {
 	// Attack 6: an unruled file opened read-write, renamed under a rule
 	// through another view, then denied.

@@ -1,8 +1,15 @@
 package integration
 
 import (
+	"fmt"
+	"io/fs"
+	"math/rand"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -255,4 +262,187 @@ func TestLinkWatchFromTheStart(t *testing.T) {
 		_, err := os.Lstat(one)
 		return err != nil
 	})
+}
+
+// TestWalkWhileTreeChanges: another process changes the backing tree
+// (files made, removed, moved in and out of a hidden directory, linked,
+// directories made and moved) while walkers walk the view. No walk ever
+// shows a name below a directory the rules hide, and once the changes stop
+// the view's walk matches the backing tree under the rules within moments:
+// cached listings, entries and absences all follow (the watcher's events
+// arrive within about 10 ms; the harness allows 3 s).
+func TestWalkWhileTreeChanges(t *testing.T) {
+	h := newHome(t, privateRule+`
+[memories."/net/"]
+when = "discord:guild:1"
+action = "allow"
+`, "version: 1\n")
+	dirs := []string{"d0", "d1", "d2", "d0/sub", "net", "net/x", "private", "private/y"}
+	for i, dir := range dirs {
+		h.write(fmt.Sprintf("memories/%s/f%d.md", dir, i), "x")
+	}
+	// Quiet directories: walked throughout, changed only at the end, so
+	// their listings and entries are in the kernel's cache by then.
+	quiet := []string{"q0", "q1", "q2"}
+	for _, dir := range quiet {
+		for i := 0; i < 5; i++ {
+			h.write(fmt.Sprintf("memories/%s/f%d.md", dir, i), "x")
+		}
+	}
+	d := startDaemon(t, h, "--cache-ttl", "1m")
+	mnt := d.open("s", guildCtx)
+	root := mnt + "/memories"
+	back := h.path("memories")
+
+	// walkView lists every name below root; it fails the test on a name
+	// the rules hide. Entries that vanish mid-walk are skipped.
+	walkView := func() map[string]bool {
+		seen := map[string]bool{}
+		filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+			rel, _ := filepath.Rel(root, p)
+			if rel == "private" || strings.HasPrefix(rel, "private/") {
+				t.Errorf("a walk showed %s, which the rules hide in a guild", rel)
+			}
+			// Each name stat'd too: a stale cached entry would answer.
+			if _, serr := os.Lstat(p); err == nil && serr == nil && rel != "." {
+				seen[rel] = true
+			}
+			return nil
+		})
+		return seen
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	walks := make([]int, 2)
+	for w := range walks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				walkView()
+				walks[w]++
+			}
+		}()
+	}
+
+	rng := rand.New(rand.NewSource(1))
+	pick := func() string { return filepath.Join(back, dirs[rng.Intn(len(dirs))]) }
+	files := func(dir string) []string {
+		ents, _ := os.ReadDir(dir)
+		var out []string
+		for _, e := range ents {
+			if e.Type().IsRegular() {
+				out = append(out, filepath.Join(dir, e.Name()))
+			}
+		}
+		return out
+	}
+	for i := 0; i < 1500; i++ {
+		dir := pick()
+		switch op := rng.Intn(10); {
+		case op < 4:
+			os.WriteFile(filepath.Join(dir, fmt.Sprintf("n%d.md", i)), []byte("n"), 0o644)
+		case op < 6:
+			if fl := files(dir); len(fl) > 0 {
+				os.Remove(fl[rng.Intn(len(fl))])
+			}
+		case op < 8:
+			// In and out of the hidden directory, and between others.
+			if fl := files(dir); len(fl) > 0 {
+				f := fl[rng.Intn(len(fl))]
+				os.Rename(f, filepath.Join(pick(), filepath.Base(f)))
+			}
+		case op < 9:
+			if fl := files(dir); len(fl) > 0 {
+				os.Link(fl[rng.Intn(len(fl))], filepath.Join(pick(), fmt.Sprintf("l%d.md", i)))
+			}
+		default:
+			sub := filepath.Join(dir, fmt.Sprintf("s%d", i))
+			if os.Mkdir(sub, 0o755) == nil {
+				os.WriteFile(filepath.Join(sub, "in.md"), []byte("i"), 0o644)
+				os.Rename(sub, filepath.Join(pick(), fmt.Sprintf("m%d", i)))
+			}
+		}
+		if i%5 == 0 {
+			time.Sleep(time.Millisecond) // walks in between
+		}
+	}
+	close(stop)
+	wg.Wait()
+	// Last, changes in the quiet directories: each must be seen on its
+	// own (a new hard link anywhere drops the space's cached entries and
+	// listings, and the walkers above listed these directories often).
+	var gone []string
+	for i := 0; i < 15; i++ {
+		dir := quiet[i%3]
+		switch i % 3 {
+		case 0:
+			h.write(fmt.Sprintf("memories/%s/last%d.md", dir, i), "n")
+		case 1:
+			rel := fmt.Sprintf("%s/f%d.md", dir, i/3)
+			os.Remove(filepath.Join(back, rel))
+			gone = append(gone, rel)
+		case 2:
+			rel := fmt.Sprintf("%s/f%d.md", dir, i/3)
+			to := "private"
+			if i%2 == 0 {
+				to = quiet[0]
+			}
+			os.Rename(filepath.Join(back, rel), filepath.Join(back, to, fmt.Sprintf("moved%d.md", i)))
+			gone = append(gone, rel)
+		}
+	}
+	// What the view must show now: the backing tree less the hidden
+	// directory and, in this space with rules, files with several names.
+	want := map[string]bool{}
+	filepath.WalkDir(back, func(p string, e fs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(back, p)
+		switch {
+		case err != nil || rel == ".":
+			return nil
+		case rel == "private":
+			return filepath.SkipDir
+		}
+		if e.Type().IsRegular() {
+			var st syscall.Stat_t
+			if syscall.Lstat(p, &st) == nil && st.Nlink > 1 {
+				return nil
+			}
+		}
+		want[rel] = true
+		return nil
+	})
+	var diff []string
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got := walkView()
+		diff = diff[:0]
+		for p := range want {
+			if !got[p] {
+				diff = append(diff, "missing "+p)
+			}
+		}
+		for p := range got {
+			if !want[p] {
+				diff = append(diff, "extra "+p)
+			}
+		}
+		for _, p := range gone {
+			if _, err := os.Lstat(filepath.Join(root, p)); err == nil {
+				diff = append(diff, "stale entry "+p)
+			}
+		}
+		if len(diff) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			slices.Sort(diff)
+			t.Fatalf("3 s after the changes stopped the view's walk still differs from the backing tree under the rules (%d names):\n%s", len(diff), strings.Join(diff[:min(len(diff), 20)], "\n"))
+		}
+	}
+	t.Logf("%d walks during 1,500 changes; %d names after", walks[0]+walks[1], len(want))
 }

@@ -58,10 +58,12 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 
 var _ fs.FileLookuper = (*dirHandle)(nil)
 
-// Lookup gives a READDIRPLUS listing a full entry only for a name no rule
-// governs, whose decision no context switch can change; a ruled name is
-// listed without one (the kernel then looks it up on its own). See plusMu
-// for reloads.
+// Lookup gives a READDIRPLUS listing a full entry for a name the view does
+// not know yet. The kernel links it when the answer arrives, stamped with
+// the epoch current then: for a ruled name, whose decision a switch can
+// change, the entry is recorded (plusRuled) for the switch to drop, and
+// none is handed out if a switch began since the decision (the kernel then
+// looks the name up on its own). See plusMu for reloads.
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	n := d.node
 	if n.GetChild(name) != nil {
@@ -74,11 +76,13 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if !ok {
 		return nil, syscall.ENOENT
 	}
+	g := authGen.Load() // before the decision: see nameSet
 	snap := n.view.snapshot()
-	if _, ruled := snap.cfg.Visible(n.space, join(dir, name), snap.atoms); ruled {
+	_, ruled := snap.cfg.Visible(n.space, join(dir, name), snap.atoms)
+	in, errno := n.Lookup(ctx, name, out)
+	if errno == 0 && ruled && !n.view.plusRuled.add(n, name, g) {
 		return nil, syscall.ENOENT
 	}
-	in, errno := n.Lookup(ctx, name, out)
 	if errno == 0 {
 		n.view.plusHanded.Store(true)
 	}

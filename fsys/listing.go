@@ -145,48 +145,75 @@ func (n *node) dropListing(name string) {
 	}
 }
 
-// absences records the names the kernel remembers as missing because the
-// rules hide them, so that a switch or reload, which may show them, can
-// tell it to forget them (dropAbsences); at most maxAbsences per view,
-// beyond which hidden names are answered uncached.
-type absences struct {
+// nameSet records names the kernel may remember in a way that a switch or
+// reload must undo before it returns, each as decided at some authGen:
+//   - absences: names the rules hide, remembered as missing (the switch
+//     may show them);
+//   - ruled names a READDIRPLUS handed out with full entries: the kernel
+//     links those when the answer arrives, stamped with the epoch current
+//     then, so one decided before a switch and linked after it would
+//     outlive the switch's epoch bump.
+//
+// Past its limit a set records nothing more, and the names go unremembered
+// (answered uncached, or listed without an entry).
+type nameSet struct {
 	mu    sync.Mutex
-	names map[absence]struct{}
+	max   int
+	names map[dirName]struct{}
 }
 
-type absence struct {
+type dirName struct {
 	dir  *node
 	name string
 }
 
-const maxAbsences = 4096
+const (
+	maxAbsences  = 4096
+	maxPlusRuled = 1024
+)
 
-// add records that dir's name is hidden, as decided at authGen g, and
-// reports whether the kernel may remember it. A switch or reload that
-// began after g (and may have read the records before this one) makes the
-// answer uncached: the record alone would be missed.
-func (a *absences) add(dir *node, name string, g uint64) bool {
+// add records dir's name, as decided at authGen g, and reports whether the
+// kernel may remember it. A switch or reload that began after g (and may
+// have taken the records before this one) makes the answer uncached: the
+// record alone would be missed.
+func (a *nameSet) add(dir *node, name string, g uint64) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.names) >= maxAbsences {
+	if len(a.names) >= a.max {
 		return false
 	}
 	if a.names == nil {
-		a.names = map[absence]struct{}{}
+		a.names = map[dirName]struct{}{}
 	}
-	a.names[absence{dir, name}] = struct{}{}
+	a.names[dirName{dir, name}] = struct{}{}
 	return authGen.Load() == g
 }
 
-// dropAbsences makes the kernel forget every hidden name it remembers as
-// missing. Each notification waits for the lookups in flight in its
-// directory.
-func (v *View) dropAbsences() {
-	v.absences.mu.Lock()
-	names := v.absences.names
-	v.absences.names = nil
-	v.absences.mu.Unlock()
+// forget makes the kernel forget the names in a that drop selects (all,
+// when drop is nil), after the lookups and listings in flight in their
+// directories: an entry notification takes the directory's lock, which a
+// lookup holds until its entry is linked and a getdents until its
+// READDIRPLUS entries are. The set starts empty again.
+func (v *View) forget(a *nameSet, drop func(dir *node, name string) bool) {
+	a.mu.Lock()
+	names := a.names
+	a.names = nil
+	a.mu.Unlock()
 	for k := range names {
-		v.notifyEntry(k.dir.EmbeddedInode(), k.name)
+		if drop == nil || drop(k.dir, k.name) {
+			v.notifyEntry(k.dir.EmbeddedInode(), k.name)
+		}
 	}
+}
+
+// hiddenNow reports whether dir's name is hidden in the view's current
+// context and rules, or its path is unknown (a node cut off from the tree).
+func (v *View) hiddenNow(dir *node, name string) bool {
+	p, ok := dir.path()
+	if !ok {
+		return true
+	}
+	cfg, atoms := v.rules.Load(), *v.atoms.Load()
+	vis, _ := cfg.Visible(dir.space, join(p, name), atoms)
+	return !vis
 }

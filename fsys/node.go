@@ -358,7 +358,7 @@ var (
 // Lookup finds a child: one openat2 and one fstat (a missing name, the
 // common case before a create, costs one syscall).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	g := authGen.Load() // before the decision; see View.absences
+	g := authGen.Load() // before the decision; see nameSet
 	t, errno := n.enter(ctx, opLookup, name)
 	if errno != 0 {
 		// The kernel may remember an absence (guardFS.Lookup) while it
@@ -375,7 +375,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 				// makes it there, which the watcher reports.
 				out.SetEntryTimeout(ttl)
 			case t.hidden && name != "" && n.view.absences.add(n, name, g):
-				// Hidden: a switch or reload forgets it (dropAbsences).
+				// Hidden: a switch or reload forgets it (View.forget).
 				out.SetEntryTimeout(ttl)
 			}
 		}

@@ -117,11 +117,12 @@ type View struct {
 	plusHanded  atomic.Bool   // a listing handed out a full entry since the last reload
 	listEpoch   atomic.Uint64 // moves on when every cached listing becomes invalid
 	lists       listings
-	absences    absences // hidden names the kernel remembers as missing
-	hub         *Hub     // the hub serving the view, if any
-	hubName     string   // the view's directory in the hub
-	gen         uint64   // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev     uint64   // the memories backing's device, mixed into inode numbers
+	absences    nameSet // hidden names the kernel remembers as missing
+	plusRuled   nameSet // ruled names listings handed out with full entries
+	hub         *Hub    // the hub serving the view, if any
+	hubName     string  // the view's directory in the hub
+	gen         uint64  // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev     uint64  // the memories backing's device, mixed into inode numbers
 	groups      groupCache
 	log         *slog.Logger
 	closed      atomic.Bool
@@ -195,7 +196,8 @@ func newView(opts Options) (*View, error) {
 	v := &View{
 		opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}),
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
-		lists: listings{open: map[*node]int{}},
+		lists:    listings{open: map[*node]int{}},
+		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
 	}
 	v.listEpoch.Store(1)
 	set := opts.Context
@@ -574,8 +576,10 @@ func (v *View) invalidate(scoped bool) error {
 		// directories no rule reaches are cached), but may on a reload.
 		v.dropListings()
 	}
-	// Hidden names may be shown now.
-	v.dropAbsences()
+	// Hidden names may be shown now, and ruled names listed just before
+	// the switch may be linked after its epoch bump: those it hides go.
+	v.forget(&v.absences, nil)
+	v.forget(&v.plusRuled, v.hiddenNow)
 	v.revoke()
 	return nil
 }

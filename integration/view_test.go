@@ -682,6 +682,52 @@ func TestLocksReleasedOnClose(t *testing.T) {
 	}
 }
 
+// TestSwitchDuringListings: a listing of a ruled directory hands out full
+// entries (READDIRPLUS) for names the view does not know yet; one decided
+// before a context switch reaches the kernel after it, which links it
+// stamped with the new epoch. The switch must drop it: a relative lookup
+// from a descriptor held on the directory (now hidden) finds nothing.
+func TestSwitchDuringListings(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	h.write("memories/private/diary.md", "secret")
+	// The test build holds each listed entry between its decision and the
+	// answer that carries it, so that the switch lands in between.
+	t.Setenv("CONDFS_TEST_PLUS_DELAY", "40ms")
+	d := startDaemon(t, h)
+	mnt := d.open("s", dmCtx)
+	stale := 0
+	const rounds = 20
+	for i := 0; i < rounds; i++ {
+		name := fmt.Sprintf("n%02d.md", i) // new each round: unknown to the view
+		h.write("memories/private/"+name, "s")
+		// Held on the directory's current entry, the one the listing
+		// links its names under (a switch replaces it).
+		held, err := unix.Open(mnt+"/memories/private", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := make(chan error, 1)
+		go func() {
+			_, err := os.ReadDir(mnt + "/memories/private")
+			listed <- err
+		}()
+		time.Sleep(15 * time.Millisecond) // opened and deciding in a DM
+		d.setContext("s", guildCtx)
+		if err := <-listed; err != nil {
+			t.Fatalf("round %d: the listing begun in a DM: %v", i, err)
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(held, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			stale++
+		}
+		unix.Close(held)
+		d.setContext("s", dmCtx)
+	}
+	if stale > 0 {
+		t.Fatalf("%d of %d switches left a ruled name a listing handed out before them reachable after", stale, rounds)
+	}
+}
+
 // TestReloadDuringListings: listings hand out full entries (READDIRPLUS)
 // for names no rule governs, and two readers list without pause while the
 // rules change back and forth. When config.reload returns (and the

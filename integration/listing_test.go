@@ -446,3 +446,35 @@ action = "allow"
 	}
 	t.Logf("%d walks during 1,500 changes; %d names after", walks[0]+walks[1], len(want))
 }
+
+// TestRuledListingGivesEntries: a listing of a ruled directory hands the
+// kernel full entries (READDIRPLUS) for its names, so stat'ing each name
+// after the listing costs no LOOKUP round trip (a switch drops the ones it
+// hides: TestSwitchDuringListings).
+func TestRuledListingGivesEntries(t *testing.T) {
+	h := newHome(t, privateRule, "version: 1\n")
+	const files = 50
+	for i := 0; i < files; i++ {
+		h.write(fmt.Sprintf("memories/private/f%02d.md", i), "p")
+	}
+	sock := h.path("metrics.sock")
+	d := startDaemon(t, h, "--metrics", sock)
+	mnt := d.open("s", dmCtx)
+	dir := mnt + "/memories/private"
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatal(err)
+	}
+	before := fuseOps(t, sock, "Lookup")
+	ents, err := os.ReadDir(dir)
+	if err != nil || len(ents) != files {
+		t.Fatalf("listing: %d names, %v", len(ents), err)
+	}
+	for _, e := range ents {
+		if _, err := os.Lstat(dir + "/" + e.Name()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := fuseOps(t, sock, "Lookup") - before; n > 0 {
+		t.Fatalf("%v LOOKUPs reached the daemon for %d names a listing of a ruled directory had just given", n, files)
+	}
+}

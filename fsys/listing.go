@@ -193,15 +193,26 @@ func (a *nameSet) add(dir *node, name string, g uint64) bool {
 // when drop is nil), after the lookups and listings in flight in their
 // directories: an entry notification takes the directory's lock, which a
 // lookup holds until its entry is linked and a getdents until its
-// READDIRPLUS entries are. The set starts empty again.
+// READDIRPLUS entries are. The set starts empty again, so it also waits
+// for what is in flight in the directories of the names it keeps: a
+// listing still in flight at the next switch would link a name that switch
+// no longer knows of.
 func (v *View) forget(a *nameSet, drop func(dir *node, name string) bool) {
 	a.mu.Lock()
 	names := a.names
 	a.names = nil
 	a.mu.Unlock()
+	waited := map[*node]bool{}
 	for k := range names {
 		if drop == nil || drop(k.dir, k.name) {
 			v.notifyEntry(k.dir.EmbeddedInode(), k.name)
+			waited[k.dir] = true
+		}
+	}
+	for k := range names {
+		if !waited[k.dir] {
+			v.notifyEntry(k.dir.EmbeddedInode(), barrierName)
+			waited[k.dir] = true
 		}
 	}
 }

@@ -686,7 +686,9 @@ func TestLocksReleasedOnClose(t *testing.T) {
 // entries (READDIRPLUS) for names the view does not know yet; one decided
 // before a context switch reaches the kernel after it, which links it
 // stamped with the new epoch. The switch must drop it: a relative lookup
-// from a descriptor held on the directory (now hidden) finds nothing.
+// from a descriptor held on the directory (now hidden) finds nothing. Every
+// other round, a switch that keeps the name comes first, and the listing
+// is still in flight when the second one hides it.
 func TestSwitchDuringListings(t *testing.T) {
 	h := newHome(t, privateRule, "version: 1\n")
 	h.write("memories/private/diary.md", "secret")
@@ -696,7 +698,7 @@ func TestSwitchDuringListings(t *testing.T) {
 	d := startDaemon(t, h)
 	mnt := d.open("s", dmCtx)
 	stale := 0
-	const rounds = 20
+	const rounds = 30
 	for i := 0; i < rounds; i++ {
 		name := fmt.Sprintf("n%02d.md", i) // new each round: unknown to the view
 		h.write("memories/private/"+name, "s")
@@ -712,6 +714,11 @@ func TestSwitchDuringListings(t *testing.T) {
 			listed <- err
 		}()
 		time.Sleep(15 * time.Millisecond) // opened and deciding in a DM
+		if i%2 == 1 {
+			// First a switch that keeps the name: the listing is still
+			// in flight when the next one hides it.
+			d.setContext("s", []string{"discord:dm", "discord:dm:5"})
+		}
 		d.setContext("s", guildCtx)
 		if err := <-listed; err != nil {
 			t.Fatalf("round %d: the listing begun in a DM: %v", i, err)

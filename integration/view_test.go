@@ -708,6 +708,10 @@ func TestSwitchDuringListings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		closeHeld := sync.OnceFunc(func() { unix.Close(held) })
+		// A descriptor left open on a failure would keep the view's mount
+		// busy past the daemon's shutdown.
+		t.Cleanup(closeHeld)
 		listed := make(chan error, 1)
 		go func() {
 			_, err := os.ReadDir(mnt + "/memories/private")
@@ -727,7 +731,7 @@ func TestSwitchDuringListings(t *testing.T) {
 		if unix.Fstatat(held, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 			stale++
 		}
-		unix.Close(held)
+		closeHeld()
 		d.setContext("s", dmCtx)
 	}
 	if stale > 0 {

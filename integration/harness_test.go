@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -276,4 +277,26 @@ func (d *daemon) within(what string, ok func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// repeat calls f in n goroutines, each with its index, over and over until
+// the returned stop is called; stop waits for them.
+func repeat(n int, f func(i int)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				f(i)
+			}
+		}()
+	}
+	return sync.OnceFunc(func() { close(done); wg.Wait() })
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -311,24 +310,11 @@ action = "allow"
 		})
 		return seen
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	walks := make([]int, 2)
-	for w := range walks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				walkView()
-				walks[w]++
-			}
-		}()
-	}
+	stop := repeat(len(walks), func(w int) {
+		walkView()
+		walks[w]++
+	})
 
 	rng := rand.New(rand.NewSource(1))
 	pick := func() string { return filepath.Join(back, dirs[rng.Intn(len(dirs))]) }
@@ -372,8 +358,7 @@ action = "allow"
 			time.Sleep(time.Millisecond) // walks in between
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	// Last, changes in the quiet directories: each must be seen on its
 	// own (a new hard link anywhere drops the space's cached entries and
 	// listings, and the walkers above listed these directories often).

@@ -772,23 +772,7 @@ func TestReloadDuringListings(t *testing.T) {
 	d := startDaemon(t, h)
 	mnt := d.open("s", dmCtx)
 	dir, secret := mnt+"/memories/plain", mnt+"/memories/plain/0-secret.md"
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for r := 0; r < 2; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				os.ReadDir(dir)
-			}
-		}()
-	}
-	defer func() { close(stop); wg.Wait() }()
+	defer repeat(2, func(int) { os.ReadDir(dir) })()
 	stale := 0
 	for i := 0; i < 60; i++ {
 		h.write("config/conditions.toml", hidden)

@@ -244,6 +244,13 @@ func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
 		Options:       []string{"default_permissions"},
 		MaxBackground: 64,
 		EnableLocks:   true,
+		// The kernel checks permissions on what it has cached (a path
+		// walk through cached entries, a stat of cached attributes) by
+		// itself, for every caller the view admits: with the backing's
+		// POSIX ACLs (read through GETXATTR), as natively, not with
+		// mode bits alone, which let a uid an ACL denies stat what
+		// another uid had looked up.
+		EnableAcl: true,
 		// READDIRPLUS is on, but a listing hands out full entries only
 		// for names no rule governs (dirHandle.Lookup): the kernel stamps
 		// a READDIRPLUS dentry with the epoch current when it links it,

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestAuditLog: every tool decision and every denied path goes to the
@@ -109,6 +112,79 @@ func TestBackingModesHold(t *testing.T) {
 	}
 	if out, err := as("touch", mnt+"/workspace/new.txt"); err == nil {
 		t.Fatalf("nobody created a file in a root-owned 0755 directory: %q", out)
+	}
+}
+
+// TestBackingACLsHold: the kernel decides on its own what it has cached (a
+// path walk through cached entries, a stat of cached attributes), for every
+// uid the view admits. It must use the backing's POSIX ACLs there, as
+// natively: with mode bits alone, uid 65534, which an ACL entry denies on a
+// 0755 directory, could stat a file in it once root had looked it up, and
+// an ACL entry granting it a 0700 directory was refused.
+func TestBackingACLsHold(t *testing.T) {
+	h := newHome(t, "", "version: 1\n")
+	h.write("workspace/denied/f.txt", "d")
+	h.write("workspace/granted/f.txt", "g")
+	d := startDaemon(t, h)
+	mnt := h.path("mnt/s")
+	d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": []string{"tui"}, "allow_uids": []int{nobody}}, nil)
+	for dir := mnt; dir != "/"; dir = filepath.Dir(dir) {
+		if strings.HasPrefix(dir, h.root) || dir == filepath.Dir(h.root) {
+			os.Chmod(dir, 0o755)
+		}
+	}
+	os.Chmod(h.path("workspace/denied"), 0o755)
+	setACL(t, h.path("workspace/denied"), 7, 0, 5, 5)
+	os.Chmod(h.path("workspace/granted"), 0o700)
+	setACL(t, h.path("workspace/granted"), 7, 5, 0, 0)
+	stat := func(p string) error {
+		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "stat", "-c", "%s", p).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if stat(h.path("workspace/denied/f.txt")) == nil || stat(h.path("workspace/granted/f.txt")) != nil {
+		t.Fatal("the ACLs do not decide natively as this test expects")
+	}
+	for _, name := range []string{"denied", "granted"} {
+		// Root looks it up first: the entries are in the kernel's cache.
+		if _, err := os.Stat(mnt + "/workspace/" + name + "/f.txt"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stat(mnt + "/workspace/denied/f.txt"); err == nil {
+		t.Fatal("uid 65534 stat'd, through entries root had cached, a file in a directory a POSIX ACL denies it")
+	}
+	if err := stat(mnt + "/workspace/granted/f.txt"); err != nil {
+		t.Fatalf("uid 65534 could not stat a file in a 0700 directory a POSIX ACL grants it: %v", err)
+	}
+}
+
+// setACL sets a directory's access ACL: the owner's, uid 65534's, the owning
+// group's and others' permissions (the mask is the group class's union).
+// Written as the system.posix_acl_access xattr, so no acl tools are needed.
+func setACL(t *testing.T, dir string, owner, nobodyPerm, group, other uint16) {
+	t.Helper()
+	const undefined = 0xffffffff
+	entries := []struct {
+		tag, perm uint16
+		id        uint32
+	}{
+		{0x01, owner, undefined},              // ACL_USER_OBJ
+		{0x02, nobodyPerm, nobody},            // ACL_USER
+		{0x04, group, undefined},              // ACL_GROUP_OBJ
+		{0x10, group | nobodyPerm, undefined}, // ACL_MASK
+		{0x20, other, undefined},              // ACL_OTHER
+	}
+	b := binary.LittleEndian.AppendUint32(nil, 2) // POSIX_ACL_XATTR_VERSION
+	for _, e := range entries {
+		b = binary.LittleEndian.AppendUint16(b, e.tag)
+		b = binary.LittleEndian.AppendUint16(b, e.perm)
+		b = binary.LittleEndian.AppendUint32(b, e.id)
+	}
+	if err := unix.Setxattr(dir, "system.posix_acl_access", b, 0); err != nil {
+		t.Fatalf("set the ACL of %s: %v", dir, err)
 	}
 }
 

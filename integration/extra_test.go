@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -158,6 +159,32 @@ func TestBackingACLsHold(t *testing.T) {
 	}
 	if err := stat(mnt + "/workspace/granted/f.txt"); err != nil {
 		t.Fatalf("uid 65534 could not stat a file in a 0700 directory a POSIX ACL grants it: %v", err)
+	}
+}
+
+// TestCreateModesFollowUmask: files and directories made through a view
+// get the caller's mode less its umask, as natively (the daemon runs with
+// umask 0; with FUSE_POSIX_ACL negotiated the kernel still applies the
+// caller's umask, as no FUSE_DONT_MASK is asked for).
+func TestCreateModesFollowUmask(t *testing.T) {
+	defer syscall.Umask(syscall.Umask(0o027))
+	h := newHome(t, "", "version: 1\n")
+	d := startDaemon(t, h)
+	mnt := d.open("s", []string{"tui"})
+	if err := os.WriteFile(mnt+"/workspace/f", nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(mnt+"/workspace/d", 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]os.FileMode{"f": 0o640, "d": 0o750} {
+		st, err := os.Stat(h.path("workspace/" + name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != want {
+			t.Fatalf("%s made with umask 027: %v, want %v", name, st.Mode().Perm(), want)
+		}
 	}
 }
 

@@ -59,11 +59,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 var _ fs.FileLookuper = (*dirHandle)(nil)
 
 // Lookup gives a READDIRPLUS listing a full entry for a name the view does
-// not know yet. The kernel links it when the answer arrives, stamped with
-// the epoch current then: for a ruled name, whose decision a switch can
-// change, the entry is recorded (plusRuled) for the switch to drop, and
-// none is handed out if a switch began since the decision (the kernel then
-// looks the name up on its own). See plusMu for reloads.
+// not know yet (see node.lookup for ruled names, plusMu for reloads).
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	n := d.node
 	if n.GetChild(name) != nil {
@@ -72,17 +68,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		// walk saves.
 		return nil, syscall.ENOENT
 	}
-	dir, ok := n.path()
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	g := authGen.Load() // before the decision: see nameSet
-	snap := n.view.snapshot()
-	_, ruled := snap.cfg.Visible(n.space, join(dir, name), snap.atoms)
-	in, errno := n.Lookup(ctx, name, out)
-	if errno == 0 && ruled && !n.view.plusRuled.add(n, name, g) {
-		return nil, syscall.ENOENT
-	}
+	in, errno := n.lookup(ctx, name, out, true)
 	if errno == 0 {
 		n.view.plusHanded.Store(true)
 	}

@@ -202,6 +202,9 @@ func (v *View) forget(a *nameSet, drop func(dir *node, name string) bool) {
 	names := a.names
 	a.names = nil
 	a.mu.Unlock()
+	if len(names) == 0 {
+		return
+	}
 	waited := map[*node]bool{}
 	for k := range names {
 		if drop == nil || drop(k.dir, k.name) {

@@ -358,8 +358,21 @@ var (
 // Lookup finds a child: one openat2 and one fstat (a missing name, the
 // common case before a create, costs one syscall).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return n.lookup(ctx, name, out, false)
+}
+
+// lookup is Lookup, for a LOOKUP or (listed) for an entry a READDIRPLUS
+// listing hands out. The kernel links a listed entry when the listing's
+// answer arrives, stamped with the epoch current then: a ruled one is
+// recorded for the switches to drop (plusRuled), and none is given if a
+// switch began since the decision. A listed name without an entry is
+// looked up by the kernel on its own, so no absence is recorded for it.
+func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, listed bool) (*fs.Inode, syscall.Errno) {
 	g := authGen.Load() // before the decision; see nameSet
 	t, errno := n.enter(ctx, opLookup, name)
+	if errno != 0 && listed {
+		return nil, errno
+	}
 	if errno != 0 {
 		// The kernel may remember an absence (guardFS.Lookup) while it
 		// lasts: git asks for .gitignore in every directory, and for every
@@ -382,6 +395,9 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, errno
 	}
 	defer t.leave()
+	if listed && t.ruled && !n.view.plusRuled.add(n, name, g) {
+		return nil, syscall.ENOENT
+	}
 	n.watch(dirOf(t.path))
 	return n.newChild(ctx, &t.st, t.path, t.ruled, out), 0
 }

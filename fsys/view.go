@@ -251,12 +251,11 @@ func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
 		// mode bits alone, which let a uid an ACL denies stat what
 		// another uid had looked up.
 		EnableAcl: true,
-		// READDIRPLUS is on, but a listing hands out full entries only
-		// for names no rule governs (dirHandle.Lookup): the kernel stamps
-		// a READDIRPLUS dentry with the epoch current when it links it,
-		// so one decided before a context switch and linked after would
-		// answer stale, unless its decision cannot change on a switch. A
-		// reload, which can change any decision, waits for listings in
+		// READDIRPLUS is on. The kernel stamps a READDIRPLUS entry with
+		// the epoch current when it links it, so one decided before a
+		// context switch and linked after would answer stale: ruled
+		// entries are recorded and dropped by the switch (node.lookup);
+		// a reload, which can change any decision, waits for listings in
 		// flight (plusMu) and drops the entries it changed.
 		Debug: debug,
 	}

@@ -2,6 +2,7 @@ package fsys
 
 import (
 	"context"
+	"encoding/binary"
 	"sync"
 	"syscall"
 	"time"
@@ -11,22 +12,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dirHandle is an open directory. It reads the backing directory as the
-// kernel asks, and decides each entry when it hands it out, in the
-// session's context at that moment and for the directory's current path
-// (found from its fd): a handle opened before a context switch never lists
-// a name the new context denies, and nothing is kept between READDIRs.
+// dirHandle is a directory opened to serve one READDIR (guardFS.readDir;
+// the kernel opens directories by itself, see listing.go). It reads the
+// backing directory from the offset the kernel asks for, and decides each
+// entry when it hands it out, in the session's context at that moment and
+// for the directory's current path (found from its fd): nothing is kept
+// between READDIRs. An entry's offset is the backing directory's own
+// (d_off), so any offset the kernel hands back is one seek away.
 type dirHandle struct {
 	node *node
 
 	mu      sync.Mutex
 	fd      int
 	buf     []byte
-	off, n  int
-	pos     uint64 // entries handed out since the last rewind
+	bo, bn  int    // the unread part of buf
+	at      uint64 // the offset reached: that of the last entry read
 	dirPath string
 	dirOK   bool
-	cached  bool // opened with its listing cached (listing.go)
 }
 
 var (
@@ -37,8 +39,10 @@ var (
 )
 
 // OpendirHandle opens the directory the node stands for, as the caller
-// (reading a directory needs read permission on it).
+// (reading a directory needs read permission on it), for one READDIR or
+// FSYNCDIR, and records the listing the kernel may cache (listing.go).
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	epoch := n.view.lists.epoch.Load() // before the rules are read
 	t, errno := n.enter(ctx, opLookup, "")
 	if errno != 0 {
 		return nil, 0, errno
@@ -52,8 +56,9 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
-	open, cached := n.cacheFlags(&t, fd)
-	return &dirHandle{node: n, fd: fd, cached: cached}, open, 0
+	sensitive := t.ruled || t.snap.cfg.HasRulesUnder(n.space, t.path)
+	n.view.listing(n.EmbeddedInode(), n, sensitive, epoch, n.keepsListing(&t))
+	return &dirHandle{node: n, fd: fd}, 0, 0
 }
 
 var _ fs.FileLookuper = (*dirHandle)(nil)
@@ -98,9 +103,8 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	}
 	v, sp, b := d.node.view, d.node.space, d.node.backing()
 	for {
-		if d.off >= d.n {
+		if d.bo >= d.bn {
 			if d.buf == nil {
-				// Most opens of a cached listing never read.
 				d.buf = make([]byte, 8<<10)
 			}
 			nb, err := unix.Getdents(d.fd, d.buf)
@@ -110,13 +114,14 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			if nb <= 0 {
 				return nil, 0
 			}
-			d.off, d.n = 0, nb
+			d.bo, d.bn = 0, nb
 			// The directory may have moved since the last batch.
 			p, _, unlinked, ok := b.spacePath(d.fd)
 			d.dirPath, d.dirOK = p, ok && !unlinked
 		}
-		name, typ, ino, reclen := parseDirent(d.buf[d.off:d.n])
-		d.off += reclen
+		name, typ, ino, off, reclen := parseDirent(d.buf[d.bo:d.bn])
+		d.bo += reclen
+		d.at = off
 		if !d.dirOK || name == "" || name == "." || name == ".." {
 			continue
 		}
@@ -136,42 +141,33 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 				v.opts.Watcher.shows(&st)
 			}
 			if v.hides(snap.cfg, sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
-				if st.Mode&unix.S_IFMT == unix.S_IFREG {
-					// Nothing reports the other link going away.
-					d.node.noListCache.Store(true)
+				if st.Mode&unix.S_IFMT == unix.S_IFREG && !d.node.noListCache.Swap(true) {
+					// Nothing reports the other link going away: this
+					// listing goes once it is in the cache, and later
+					// ones are never kept.
+					in := d.node.EmbeddedInode()
+					go v.dropListing(in, barrierName)
 				}
 				continue
 			}
 		}
-		d.pos++
 		st := unix.Stat_t{Ino: ino, Dev: b.dev, Mode: mode}
-		return &fuse.DirEntry{Name: name, Mode: mode, Ino: v.stableAttr(&st).Ino, Off: d.pos}, 0
+		return &fuse.DirEntry{Name: name, Mode: mode, Ino: v.stableAttr(&st).Ino, Off: off}, 0
 	}
 }
 
-// Seekdir rewinds (offset 0) or moves to the offset of an entry already
-// handed out, by rewinding and skipping: the entries are decided again.
+// Seekdir moves to an offset the kernel was handed (an entry's d_off, or
+// 0): the entries from there are read and decided again.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.mu.Lock()
-	if off == d.pos {
-		d.mu.Unlock()
+	defer d.mu.Unlock()
+	if off == d.at && d.buf != nil {
 		return 0
 	}
-	if _, err := unix.Seek(d.fd, 0, 0); err != nil {
-		d.mu.Unlock()
+	if _, err := unix.Seek(d.fd, int64(off), 0); err != nil {
 		return errnoOf(err)
 	}
-	d.off, d.n, d.pos = 0, 0, 0
-	d.mu.Unlock()
-	for d.pos < off {
-		de, errno := d.Readdirent(ctx)
-		if errno != 0 {
-			return errno
-		}
-		if de == nil {
-			break
-		}
-	}
+	d.bo, d.bn, d.at = 0, 0, off
 	return 0
 }
 
@@ -187,9 +183,6 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	if d.fd >= 0 {
 		unix.Close(d.fd)
 		d.fd = -1
-		if d.cached {
-			d.node.closedListing()
-		}
 	}
 }
 
@@ -209,16 +202,17 @@ func reopenDir(pathFD int) (int, error) {
 	}
 }
 
-// parseDirent decodes one linux_dirent64.
-func parseDirent(b []byte) (name string, typ uint8, ino uint64, reclen int) {
+// parseDirent decodes one linux_dirent64: off is the offset of the entry
+// after it.
+func parseDirent(b []byte) (name string, typ uint8, ino, off uint64, reclen int) {
 	if len(b) < 19 {
-		return "", 0, 0, len(b)
+		return "", 0, 0, 0, len(b)
 	}
-	ino = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-	reclen = int(b[16]) | int(b[17])<<8
+	ino = binary.NativeEndian.Uint64(b[0:8])
+	off = binary.NativeEndian.Uint64(b[8:16])
+	reclen = int(binary.NativeEndian.Uint16(b[16:18]))
 	if reclen == 0 || reclen > len(b) {
-		return "", 0, 0, len(b)
+		return "", 0, 0, 0, len(b)
 	}
 	typ = b[18]
 	nameb := b[19:reclen]
@@ -228,5 +222,5 @@ func parseDirent(b []byte) (name string, typ uint8, ino uint64, reclen int) {
 			break
 		}
 	}
-	return string(nameb), typ, ino, reclen
+	return string(nameb), typ, ino, off, reclen
 }

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -220,20 +221,22 @@ func (g guardFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (cod
 	return g.RawFileSystem.Fallocate(cancel, input)
 }
 
+// OpenDir answers ENOSYS: the kernel then opens every directory of the
+// connection by itself, with no OPENDIR or RELEASEDIR round trip, and keeps
+// the listings it reads in its cache until the daemon drops them
+// (listing.go). READDIR and FSYNCDIR come with no handle (readDir).
 func (g guardFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (code fuse.Status) {
 	defer g.done("OpenDir", g.now(), &code)
-	code = g.RawFileSystem.OpenDir(cancel, input, out)
-	if out.OpenFlags&dropCacheFlag != 0 {
-		// The cached listing is from an older epoch: the kernel drops it
-		// at open when FOPEN_KEEP_CACHE is clear (listing.go).
-		out.OpenFlags &^= dropCacheFlag | fuse.FOPEN_KEEP_CACHE
-	}
-	return code
+	return fuse.ENOSYS
 }
 
 func (g guardFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
 	defer g.done("ReadDir", g.now(), &code)
-	return g.RawFileSystem.ReadDir(cancel, input, out)
+	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
+		in := *input
+		in.Fh = fh
+		return g.RawFileSystem.ReadDir(cancel, &in, out)
+	})
 }
 
 func (g guardFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
@@ -241,17 +244,42 @@ func (g guardFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fu
 	// Decided and added to the tree under plusMu (see View.Invalidate).
 	plusMu.RLock()
 	defer plusMu.RUnlock()
-	return g.RawFileSystem.ReadDirPlus(cancel, input, out)
-}
-
-func (g guardFS) ReleaseDir(input *fuse.ReleaseIn) {
-	defer g.done("ReleaseDir", g.now(), nil)
-	g.RawFileSystem.ReleaseDir(input)
+	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
+		in := *input
+		in.Fh = fh
+		return g.RawFileSystem.ReadDirPlus(cancel, &in, out)
+	})
 }
 
 func (g guardFS) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) (code fuse.Status) {
 	defer g.done("FsyncDir", g.now(), &code)
-	return g.RawFileSystem.FsyncDir(cancel, input)
+	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
+		in := *input
+		in.Fh = fh
+		return g.RawFileSystem.FsyncDir(cancel, &in)
+	})
+}
+
+// withDir runs op on the directory the request names, opened for it alone,
+// as the request's caller, through the nodes' own OPENDIR handling (the
+// choke point decides it), and released after. The kernel opened the
+// directory with no handle (OpenDir): a request that carries one is refused.
+func (g guardFS) withDir(cancel <-chan struct{}, h *fuse.InHeader, fh uint64, op func(fh uint64) fuse.Status) fuse.Status {
+	if fh != 0 {
+		return fuse.EBADF
+	}
+	var open fuse.OpenOut
+	if code := g.RawFileSystem.OpenDir(cancel, &fuse.OpenIn{InHeader: *h, Flags: syscall.O_RDONLY}, &open); code != fuse.OK {
+		return code
+	}
+	defer g.RawFileSystem.ReleaseDir(&fuse.ReleaseIn{InHeader: *h, Fh: open.Fh})
+	return op(open.Fh)
+}
+
+// ReleaseDir never comes (no directory is opened with a handle); a
+// handle withDir opened is released there.
+func (g guardFS) ReleaseDir(input *fuse.ReleaseIn) {
+	defer g.done("ReleaseDir", g.now(), nil)
 }
 
 func (g guardFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *fuse.StatfsOut) (code fuse.Status) {

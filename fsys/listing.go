@@ -2,147 +2,210 @@ package fsys
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
+	"github.com/hanwen/go-fuse/v2/fs"
 )
 
-// Directory listings in the kernel's cache (FOPEN_CACHE_DIR).
+// Directory listings in the kernel's cache.
 //
-// A listing is cached only for a directory whose listing no context switch
-// can change (no rule governs it or any name below it) and whose backing
-// directory the Watcher watches, so that a switch never has to find and
-// drop listings. Three things can still change a cached listing:
+// The daemon answers OPENDIR with ENOSYS, so the kernel (no_opendir, Linux
+// ≥ 5.1) opens directories by itself: no OPENDIR or RELEASEDIR round trip
+// per directory, and every listing it reads is kept in the directory's page
+// cache (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE, chosen by the kernel) until
+// something drops it. Each READDIR is served on a directory opened for that
+// request alone, as its caller, through the choke point (guardFS.readDir,
+// node.OpendirHandle). What the kernel answers from a cached listing it
+// checks itself, for whichever admitted uid asks (mode bits and POSIX ACLs,
+// as for a cached stat).
 //
-//   - another process changes the backing directory: the Watcher's
-//     notification of the name (which waits for listings in flight on the
-//     directory) is followed by dropping the directory's pages;
-//   - a reload, a rename of a directory or a new hard link in a space with
-//     rules, or lost events: the view's listing epoch moves on
-//     (dropListings). A directory opened later gets its cache dropped at
-//     open (no FOPEN_KEEP_CACHE); one open now (a listing may be in flight
-//     or a handle may rewind into the cache) is dropped at once;
-//   - a second name for a listed file, in a space with rules (which hides
-//     files with several names): link(2) raises no inotify event at the
-//     first name's directory, and the new name may be anywhere. A root
-//     daemon hears of it through a filesystem-wide fanotify mark
-//     (linkWatch), which drops the space's entries and listings. Without
-//     one, every open in such a space looks at the directory's files' link
-//     counts first (an fstatat each, what a listing costs the daemon
-//     anyway, less the round trips) and lists uncached when one has
-//     several. A directory whose listing hid one is never cached again
-//     (noListCache), since nothing reports the other name going away.
+// So a cached listing must go before anything that could change it is
+// final. Every directory a READDIR is served for is recorded (listings),
+// and its cached listing is dropped, after the listings in flight on it
+// (a barrier notification, then FUSE_NOTIFY_INVAL_INODE):
 //
-// A listing is kept no longer than the Watcher's TTL either way.
-
-// dropCacheFlag, set by OpendirHandle, asks guardFS.OpenDir to clear
-// FOPEN_KEEP_CACHE, which go-fuse adds to every FOPEN_CACHE_DIR. It is no
-// FOPEN_* bit the kernel knows, and never reaches it.
-const dropCacheFlag = 1 << 30
+//   - by a context switch, before it returns, for every recorded directory
+//     whose names a switch can decide differently (a rule governs it or a
+//     name below it; the view's root);
+//   - by a reload, lost events, a rename of a directory or a new hard link
+//     in a space with rules: every recorded directory of the view;
+//   - by the Watcher, when another process changes the backing directory
+//     (the notification of the name waits for listings in flight itself);
+//   - when it is older than the Watcher's TTL;
+//   - right after it is read, when nothing would report a change to it: the
+//     Watcher does not watch the directory, or the space has rules and no
+//     link watch covers its filesystem (link(2) raises no inotify event at
+//     the first name's directory, yet hides the file there), or a listing
+//     of it hid a multiply-linked file (nothing reports the other name
+//     going away). Such a directory is listed by the daemon each time, as
+//     before the kernel cached listings.
 
 // barrierName is a name notified to wait for the listings in flight on a
 // directory: the kernel's entry notification takes the directory's lock,
 // which every getdents holds (shared) until its reply is in the cache.
 const barrierName = ".condfs-listing-barrier"
 
-// listings is a view's record of cached directory listings.
+// listings is a view's record of the directories it has listed, while the
+// kernel holds them.
 type listings struct {
-	mu   sync.Mutex
-	open map[*node]int // directories with a caching handle open, and how many
+	mu     sync.Mutex
+	listed map[*fs.Inode]*listed
+	// epoch moves on when the classification of the records may be out of
+	// date (a reload, a directory moved): a switch then decides again
+	// whether it can change such a record's listing.
+	epoch atomic.Uint64
 }
 
-// cacheFlags decides whether a directory being opened (path in its space,
-// ruled as the choke point found it) lists through the kernel's cache, and
-// registers the open handle; the second result says whether Releasedir must
-// unregister it.
-func (n *node) cacheFlags(t *target, fd int) (uint32, bool) {
-	v := n.view
-	if !v.opts.Watcher.live() || n.wd.Load() == 0 || n.noListCache.Load() ||
-		t.ruled || t.snap.cfg.HasRulesUnder(n.space, t.path) ||
-		(!v.opts.AllowHardlinks && t.snap.cfg.HasRules(n.space) && !v.opts.Watcher.watchesLinks(n.backing()) && multiLinked(fd)) {
-		n.listGen.Store(0)
-		return 0, false
-	}
-	v.lists.mu.Lock()
-	v.lists.open[n]++
-	v.lists.mu.Unlock()
-	// Registered before the epoch is read: an epoch move that this open
-	// misses finds the handle open and drops the pages itself.
-	e := v.listEpoch.Load()
-	now := time.Now().UnixNano()
-	if n.listGen.Swap(e) == e && now-n.listSince.Load() < int64(v.opts.Watcher.ttl) {
-		return fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, true
-	}
-	n.listSince.Store(now)
-	return fuse.FOPEN_CACHE_DIR | dropCacheFlag, true
+type listed struct {
+	n *node // nil for the view's root
+	// mu is held by a drop from its barrier to its end, so that a switch
+	// that finds a drop in progress waits for it before it returns.
+	mu sync.Mutex
+	// dirty: a READDIR was served since the last drop.
+	dirty atomic.Bool
+	armed atomic.Bool // the TTL timer runs
+	// Guarded by listings.mu:
+	sensitive bool        // a switch can change the listing (rule-reached), as classified at epoch
+	epoch     uint64      // listings.epoch read before that classification
+	ttl       *time.Timer // drops the listing when it is too old
 }
 
-// multiLinked reports whether the directory open at fd holds a regular file
-// with several names (or cannot be read), and rewinds it.
-func multiLinked(fd int) bool {
-	defer unix.Seek(fd, 0, 0)
-	var buf [8 << 10]byte
-	for {
-		nb, err := unix.Getdents(fd, buf[:])
-		if err != nil {
-			return true
-		}
-		if nb <= 0 {
-			return false
-		}
-		for off := 0; off < nb; {
-			name, typ, _, reclen := parseDirent(buf[off:nb])
-			off += reclen
-			if typ != unix.DT_REG && typ != unix.DT_UNKNOWN {
-				continue
-			}
-			var st unix.Stat_t
-			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				continue // gone since: the listing will not show it
-			}
-			if multiNamed(&st) {
-				return true
-			}
-		}
-	}
-}
-
-// closedListing unregisters a caching handle.
-func (n *node) closedListing() {
-	l := &n.view.lists
+// listing records that the directory in (n; nil for the view's root) is
+// being listed, before its entries are decided: a switch or reload that
+// looks at the record after this drops what this listing caches, and one
+// that looked before has stored the context or rules it decides with.
+// sensitive says whether a context switch can change the listing, as
+// classified at epoch (listings.epoch, read before the classification's
+// rules were); keep, whether the kernel may keep it: if not, it is dropped
+// as soon as the listing in flight is in the cache.
+func (v *View) listing(in *fs.Inode, n *node, sensitive bool, epoch uint64, keep bool) {
+	l := &v.lists
 	l.mu.Lock()
-	if l.open[n]--; l.open[n] <= 0 {
-		delete(l.open, n)
+	rec := l.listed[in]
+	if rec == nil {
+		rec = &listed{n: n}
+		l.listed[in] = rec
+	}
+	rec.sensitive, rec.epoch = sensitive, epoch
+	rec.dirty.Store(true)
+	ttl := v.opts.Watcher.ttlFor(n)
+	if keep && ttl > 0 && !v.closed.Load() && rec.armed.CompareAndSwap(false, true) {
+		rec.ttl = time.AfterFunc(ttl, func() {
+			rec.armed.Store(false)
+			v.dropRec(in, rec, barrierName)
+		})
+	}
+	l.mu.Unlock()
+	if !keep {
+		go v.dropRec(in, rec, barrierName)
+	}
+}
+
+// keepsListing reports whether the kernel may keep a listing of n, as the
+// choke point found it (t): only while something reports what changes it.
+func (n *node) keepsListing(t *target) bool {
+	v, w := n.view, n.view.opts.Watcher
+	return w.live() && n.wd.Load() != 0 && !n.noListCache.Load() &&
+		(v.opts.AllowHardlinks || !t.snap.cfg.HasRules(n.space) || w.watchesLinks(t.b))
+}
+
+// dropRec drops the listing the kernel may hold of in: it notifies the
+// entry name (the barrier when no name changed), which waits for the
+// listings in flight on the directory, then drops the pages if a READDIR
+// was served since the last drop. Nothing may be held that a request being
+// served needs.
+func (v *View) dropRec(in *fs.Inode, rec *listed, name string) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	dirty := rec.dirty.Swap(false)
+	if dirty || name != barrierName {
+		v.notifyEntry(in, name)
+	}
+	if dirty {
+		in.NotifyContent(0, 0)
+	}
+}
+
+// dropListing notifies the entry name of directory in and drops the
+// listing the kernel may hold of it (the Watcher: a name changed there).
+func (v *View) dropListing(in *fs.Inode, name string) {
+	v.lists.mu.Lock()
+	rec := v.lists.listed[in]
+	v.lists.mu.Unlock()
+	if rec == nil {
+		v.notifyEntry(in, name)
+		return
+	}
+	v.dropRec(in, rec, name)
+}
+
+// dropListings drops, before it returns, the listings the kernel may hold
+// of the view's directories that sel selects (all when sel is nil; given
+// the record's node and its classification, if current).
+func (v *View) dropListings(sel func(n *node, sensitive, current bool) bool) {
+	l := &v.lists
+	epoch := l.epoch.Load()
+	l.mu.Lock()
+	type todo struct {
+		in  *fs.Inode
+		rec *listed
+	}
+	var drop []todo
+	for in, rec := range l.listed {
+		if sel == nil || sel(rec.n, rec.sensitive, rec.epoch == epoch) {
+			drop = append(drop, todo{in, rec})
+		}
+	}
+	l.mu.Unlock()
+	for _, d := range drop {
+		v.dropRec(d.in, d.rec, barrierName)
+	}
+}
+
+// switchChanges selects, for a context switch, the listings it can change:
+// of directories a rule reaches (it governs them or a name below them), of
+// those cut off from the tree, and of the view's root.
+func (v *View) switchChanges(n *node, sensitive, current bool) bool {
+	if n == nil {
+		return true
+	}
+	if current {
+		return sensitive
+	}
+	p, ok := n.path()
+	if !ok {
+		return true
+	}
+	cfg, atoms := v.rules.Load(), *v.atoms.Load()
+	_, ruled := cfg.Visible(n.space, p, atoms)
+	return ruled || cfg.HasRulesUnder(n.space, p)
+}
+
+// unlisted forgets in's record: the kernel holds the directory no more.
+func (v *View) unlisted(in *fs.Inode) {
+	l := &v.lists
+	l.mu.Lock()
+	if rec := l.listed[in]; rec != nil {
+		if rec.ttl != nil {
+			rec.ttl.Stop()
+		}
+		delete(l.listed, in)
 	}
 	l.mu.Unlock()
 }
 
-// dropListings makes every cached listing of the view invalid: at the next
-// open for directories not open now, at once for the others.
-func (v *View) dropListings() {
-	v.listEpoch.Add(1)
-	v.lists.mu.Lock()
-	open := make([]*node, 0, len(v.lists.open))
-	for n := range v.lists.open {
-		open = append(open, n)
+// forgetListings stops every record of an unmounted view.
+func (v *View) forgetListings() {
+	l := &v.lists
+	l.mu.Lock()
+	for in, rec := range l.listed {
+		if rec.ttl != nil {
+			rec.ttl.Stop()
+		}
+		delete(l.listed, in)
 	}
-	v.lists.mu.Unlock()
-	for _, n := range open {
-		n.dropListing(barrierName)
-	}
-}
-
-// dropListing notifies the entry name of directory n and drops n's cached
-// listing: the entry notification waits until every listing in flight on
-// the directory (perhaps decided before the change) is in the cache, then
-// the pages go. Nothing may be held that a request being served needs.
-func (n *node) dropListing(name string) {
-	in := n.EmbeddedInode()
-	in.NotifyEntry(name)
-	if n.listGen.Load() != 0 {
-		in.NotifyContent(0, 0)
-	}
+	l.mu.Unlock()
 }
 
 // nameSet records names the kernel may remember in a way that a switch or

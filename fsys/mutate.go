@@ -182,12 +182,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	authGen.Add(1)
 	revokeAll()
 	if (src.isDir() || (exchange && dst.isDir())) && cfg.HasRules(n.space) {
-		// The names below the directory moved with it, and rules may
-		// decide them differently now. Cached listings of directories
-		// not open become invalid now; those open are dropped after this
-		// request, since the kernel holds the parents' locks until then.
-		n.view.listEpoch.Add(1)
-		go n.view.dropListings()
+		// The names below the directory moved with it: a switch decides
+		// again whether it can change their listings (the epoch), and the
+		// cached ones go after this request, since the kernel holds the
+		// directories' locks until then.
+		n.view.lists.epoch.Add(1)
+		go n.view.dropListings(nil)
 	}
 	return 0
 }

@@ -26,10 +26,6 @@ type node struct {
 	dev, ino  uint64
 	wd        atomic.Int32 // the inotify watch of its directory (set under the Watcher's lock)
 
-	// listGen is the view's listing epoch when a handle last opened the
-	// directory with its listing cached (0: not cached); see listing.go.
-	listGen   atomic.Uint64
-	listSince atomic.Int64 // when the cached listing began (unix ns)
 	// noListCache: a listing of the directory hid a multiply-linked file.
 	noListCache atomic.Bool
 }
@@ -331,11 +327,13 @@ func (n *node) watch(path string) {
 	}
 }
 
-// OnForget: the kernel holds the node no more; its watch goes.
+// OnForget: the kernel holds the node no more; its watch and its listing
+// record go.
 func (n *node) OnForget() {
 	if w := n.view.opts.Watcher; w != nil {
 		w.remove(n)
 	}
+	n.view.unlisted(n.EmbeddedInode())
 }
 
 func toSyscall(st *unix.Stat_t) *syscall.Stat_t {

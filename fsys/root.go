@@ -2,7 +2,9 @@ package fsys
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -39,6 +41,7 @@ var (
 	_ fs.NodeSetxattrer     = (*rootNode)(nil)
 	_ fs.NodeStatfser       = (*rootNode)(nil)
 	_ fs.NodeOnForgetter    = (*rootNode)(nil)
+	_ fs.NodeGetxattrer     = (*rootNode)(nil)
 )
 
 func spaceByName(name string) (acl.Space, bool) {
@@ -85,6 +88,8 @@ func (r *rootNode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHand
 		return nil, 0, errno
 	}
 	a.restore()
+	// Its listing changes only with a switch or a reload, which drop it.
+	r.view.listing(r.EmbeddedInode(), nil, true, r.view.lists.epoch.Load(), true)
 	return &rootDir{view: r.view}, 0, 0
 }
 
@@ -143,16 +148,87 @@ func (d *rootDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	return 0
 }
 
+// Getattr answers the root's mode and owner so that the kernel itself keeps
+// out every uid the view does not admit (with the ACL Getxattr gives for
+// the others it admits): what the kernel answers from its cache (a walk
+// through cached entries, a cached listing) never reaches the daemon's own
+// check (admits), but every path walk in the view starts with a search of
+// the root.
 func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFDIR | 0o555
+	a := &r.view.rootAccess
+	out.Mode = syscall.S_IFDIR | a.mode
 	out.Nlink = 4
-	out.Uid, out.Gid = uint32(os.Geteuid()), uint32(os.Getegid())
+	out.Uid, out.Gid = a.uid, uint32(os.Getegid())
 	t := r.view.mountedAt
 	out.SetTimes(&t, &t, &t)
 	if w := r.view.opts.Watcher; w != nil {
 		out.SetTimeout(w.ttl) // made up, and never changes
 	}
 	return 0
+}
+
+// Getxattr gives the root's POSIX ACL: r-x for each admitted uid but the
+// owner, nothing for anyone else.
+func (r *rootNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	a := &r.view.rootAccess
+	if attr != "system.posix_acl_access" || a.acl == nil {
+		return 0, syscall.ENODATA
+	}
+	if len(dest) < len(a.acl) {
+		return uint32(len(a.acl)), syscall.ERANGE
+	}
+	return uint32(copy(dest, a.acl)), 0
+}
+
+// rootAccess is how the kernel keeps a view's root to the uids the view
+// admits.
+type rootAccess struct {
+	uid  uint32
+	mode uint32
+	acl  []byte // system.posix_acl_access, or nil
+}
+
+// newRootAccess: the root is r-x for the owner, for every other admitted
+// uid through an ACL entry, and closed to everyone else (root excepted, who
+// needs no view to read the backing tree). With nobody admitted, it is
+// closed to all.
+func newRootAccess(v *View) rootAccess {
+	var in []uint32
+	for _, u := range append([]uint32{v.opts.Owner}, v.opts.AllowUIDs...) {
+		if v.admits(u) && !slices.Contains(in, u) {
+			in = append(in, u)
+		}
+	}
+	switch len(in) {
+	case 0:
+		return rootAccess{uid: uint32(self.uid), mode: 0}
+	case 1:
+		return rootAccess{uid: in[0], mode: 0o500}
+	}
+	// struct posix_acl_xattr_header, then entries (tag u16, perm u16,
+	// id u32) sorted by tag and id, as the kernel checks them.
+	const (
+		userObj, user, groupObj, mask, other = 0x01, 0x02, 0x04, 0x10, 0x20
+		rx, none, undefined                  = 5, 0, ^uint32(0)
+	)
+	named := slices.Clone(in[1:])
+	slices.Sort(named)
+	b := binary.NativeEndian.AppendUint32(nil, 2)
+	entry := func(tag, perm uint16, id uint32) {
+		b = binary.NativeEndian.AppendUint16(b, tag)
+		b = binary.NativeEndian.AppendUint16(b, perm)
+		b = binary.NativeEndian.AppendUint32(b, id)
+	}
+	entry(userObj, rx, undefined)
+	for _, u := range named {
+		entry(user, rx, u)
+	}
+	entry(groupObj, none, undefined)
+	entry(mask, rx, undefined)
+	entry(other, none, undefined)
+	// The group bits carry the mask: the kernel reads the ACL only when
+	// they are set.
+	return rootAccess{uid: in[0], mode: 0o550, acl: b}
 }
 
 // OnForget: the kernel holds nothing of a hub view any more (every node

@@ -105,17 +105,17 @@ type View struct {
 	atoms       atomic.Pointer[cctx.Set]
 	spaces      [2]*backing
 	root        *rootNode
+	rootAccess  rootAccess // fixed for the view's life: who may enter it
 	rawFS       fuse.RawFileSystem
 	fsOpts      *fs.Options
 	server      *fuse.Server
-	devFD       int           // our own dup of the /dev/fuse fd, for notifications
-	mntID       uint64        // the kernel's id of our mount, to unmount exactly it
-	fusermount  bool          // mounted by fusermount3 (a daemon that is not root)
-	epoch       atomic.Bool   // the kernel accepts FUSE_NOTIFY_INC_EPOCH
-	switchCreds bool          // root: act as each caller
-	reloadOld   *acl.Config   // the rules before the reload being applied (Invalidate)
-	plusHanded  atomic.Bool   // a listing handed out a full entry since the last reload
-	listEpoch   atomic.Uint64 // moves on when every cached listing becomes invalid
+	devFD       int         // our own dup of the /dev/fuse fd, for notifications
+	mntID       uint64      // the kernel's id of our mount, to unmount exactly it
+	fusermount  bool        // mounted by fusermount3 (a daemon that is not root)
+	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
+	switchCreds bool        // root: act as each caller
+	reloadOld   *acl.Config // the rules before the reload being applied (Invalidate)
+	plusHanded  atomic.Bool // a listing handed out a full entry since the last reload
 	lists       listings
 	absences    nameSet // hidden names the kernel remembers as missing
 	plusRuled   nameSet // ruled names listings handed out with full entries
@@ -196,10 +196,9 @@ func newView(opts Options) (*View, error) {
 	v := &View{
 		opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}),
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
-		lists:    listings{open: map[*node]int{}},
+		lists:    listings{listed: map[*fs.Inode]*listed{}},
 		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
 	}
-	v.listEpoch.Store(1)
 	set := opts.Context
 	v.atoms.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
@@ -221,6 +220,7 @@ func newView(opts Options) (*View, error) {
 		v.gen = opts.Hub.seq.Add(1) + 1
 	}
 	v.root = &rootNode{view: v}
+	v.rootAccess = newRootAccess(v)
 	zero := time.Duration(0)
 	v.fsOpts = &fs.Options{
 		EntryTimeout:    &opts.AttrTimeout,
@@ -577,10 +577,13 @@ func (v *View) invalidate(scoped bool) error {
 		// listings handed out entries since the last reload can have one.)
 		v.invalidateChanged(v.reloadOld, v.rules.Load())
 	}
-	if !scoped {
-		// A listing the kernel caches cannot change on a switch (only
-		// directories no rule reaches are cached), but may on a reload.
-		v.dropListings()
+	if scoped {
+		v.dropListings(v.switchChanges)
+	} else {
+		// Any listing may change on a reload, and the records'
+		// classification with it.
+		v.lists.epoch.Add(1)
+		v.dropListings(nil)
 	}
 	// Hidden names may be shown now, and ruled names listed just before
 	// the switch may be linked after its epoch bump: those it hides go.
@@ -702,7 +705,7 @@ func (v *View) linkedOn(devs map[uint64]bool) {
 		dropped = true
 	}
 	if dropped {
-		v.dropListings()
+		v.dropListings(nil)
 	}
 }
 
@@ -722,6 +725,7 @@ func (v *View) Unmount() error {
 		// Files still open in the view decide no more (closed), and their
 		// cached pages go, so that nothing is read through it from now.
 		v.revoke()
+		v.forgetListings()
 		if w := v.opts.Watcher; w != nil {
 			w.removeView(v)
 		}

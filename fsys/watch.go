@@ -306,7 +306,7 @@ func (w *Watcher) flush() {
 				if sp := v.root.GetChild(t.n.space.String()); sp != nil {
 					v.invalidateEntries(sp)
 				}
-				v.dropListings()
+				v.dropListings(nil)
 			}
 		}
 		dir := t.n.EmbeddedInode()
@@ -315,7 +315,8 @@ func (w *Watcher) flush() {
 			if t.mask&unix.IN_MOVE_SELF != 0 && v.rules.Load().HasRules(t.n.space) {
 				// The names below moved with it: rules may decide them
 				// differently now.
-				v.dropListings()
+				v.lists.epoch.Add(1)
+				v.dropListings(nil)
 			}
 			continue
 		}
@@ -323,7 +324,7 @@ func (w *Watcher) flush() {
 			// Made, removed, moved, or its attributes changed (a link
 			// count, a mode): the next access looks it up and decides,
 			// and a cached listing goes (after the listings in flight).
-			t.n.dropListing(t.name)
+			v.dropListing(dir, t.name)
 		}
 		if ch := dir.GetChild(t.name); ch != nil {
 			ch.NotifyContent(0, 0) // attributes and cached pages
@@ -378,6 +379,7 @@ func (w *Watcher) overflow() {
 		if !v.bumpEpoch(false) {
 			v.invalidateEntries(v.root.EmbeddedInode())
 		}
-		v.dropListings()
+		v.lists.epoch.Add(1)
+		v.dropListings(nil)
 	}
 }

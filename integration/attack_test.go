@@ -562,3 +562,58 @@ func TestAttackSharedConnection(t *testing.T) {
 		t.Fatalf("root's view after the other session closed: %q %v", b, err)
 	}
 }
+
+// Class 12: a uid the session does not admit reached what the kernel had
+// cached. Admission was checked by the daemon only, and a path walk, a stat
+// or a listing the kernel answers from its cache never reaches the daemon:
+// once the owner had looked, uid 65534 could stat the owner's files through
+// the owner's view (and, with listings cached, list its directories).
+func TestAttackNotAdmitted(t *testing.T) {
+	h := openHome(t, privateRule)
+	h.write("memories/notes/a.md", "a")
+	h.write("memories/private/p.md", "p")
+	chownTree(t, h.path("memories"), nobody) // natively, 65534 may read all of it
+	os.Chmod(h.path("mnt"), 0o755)
+	d := startDaemon(t, h, "--cache-ttl", "1m")
+	mnt := d.open("root-view", dmCtx) // owned by root; 65534 is not let in
+	os.Chmod(filepath.Dir(mnt), 0o755)
+	for _, dir := range []string{mnt, mnt + "/memories", mnt + "/memories/notes", mnt + "/memories/private"} {
+		if _, err := os.ReadDir(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"/memories/notes/a.md", "/memories/private/p.md"} {
+		if _, err := os.ReadFile(mnt + f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh := startShell(t)
+	if ok, res := sh.do("stat", h.path("memories/notes/a.md")); !ok {
+		t.Fatalf("natively, 65534 stats the file: %s", res)
+	}
+	for _, p := range []string{"/memories", "/memories/notes", "/memories/notes/a.md", "/memories/private/p.md"} {
+		if ok, res := sh.do("stat", mnt+p); ok {
+			t.Errorf("uid 65534, not admitted, stats %s in root's view: %s", p, res)
+		}
+		if ok, res := sh.do("ls", mnt+p); ok {
+			t.Errorf("uid 65534, not admitted, lists %s in root's view: %q", p, res)
+		}
+		if ok, res := sh.do("cat", mnt+p); ok {
+			t.Errorf("uid 65534, not admitted, reads %s in root's view: %q", p, res)
+		}
+	}
+	// A view that lets 65534 in (allow_uids, an ACL entry on the root)
+	// keeps every other uid out all the same.
+	shared := h.path("mnt/shared")
+	d.call("session.open", map[string]any{"id": "shared", "mount": shared, "context": dmCtx, "allow_uids": []int{nobody}}, nil)
+	if ok, res := sh.do("ls", shared+"/memories/notes"); !ok || res != "a.md" {
+		t.Fatalf("uid 65534, admitted, lists %q (%v)", res, ok)
+	}
+	if ok, res := sh.do("stat", shared+"/memories/notes/a.md"); !ok {
+		t.Fatalf("uid 65534, admitted, cannot stat: %s", res)
+	}
+	other := exec.Command("setpriv", "--reuid=65533", "--regid=65533", "--clear-groups", attackerBin, "cat", shared+"/memories/notes/a.md")
+	if out, _ := other.CombinedOutput(); !strings.HasPrefix(string(out), "errno") {
+		t.Errorf("uid 65533, not admitted, reads through a view that admits 65534: %q", out)
+	}
+}

@@ -105,6 +105,11 @@ func shell(in *os.File, out *os.File) {
 			var b []byte
 			b, err = os.ReadFile(f[1])
 			res = string(b)
+		case "stat": // lstat: the size, or the errno
+			var st unix.Stat_t
+			if err = unix.Lstat(f[1], &st); err == nil {
+				res = strconv.FormatInt(st.Size, 10)
+			}
 		case "ls":
 			var names []string
 			d, derr := os.Open(f[1])

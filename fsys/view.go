@@ -212,6 +212,7 @@ func newView(opts Options) (*View, error) {
 		// before the mark would go unreported. (One fd per filesystem, for
 		// the daemon's life.)
 		opts.Watcher.watchesLinks(b)
+		opts.Watcher.watchAbove(b)
 	}
 	v.rootDev = v.spaces[0].dev
 	v.gen = 1

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,9 +41,14 @@ type Watcher struct {
 	byWD    map[int32]*watch
 	pending map[pendingKey]uint32
 	linked  map[uint64]bool // filesystems where a file got another name
-	timer   *time.Timer
-	closed  bool
-	done    chan struct{}
+	// above: watches of the directories above the backing roots (their
+	// own attributes only); aboveChanged, one of them changed since the
+	// last flush.
+	above        map[int32]bool
+	aboveChanged bool
+	timer        *time.Timer
+	closed       bool
+	done         chan struct{}
 
 	linksDone chan struct{}
 	failed    atomic.Bool // reading events failed: nothing is reported any more
@@ -82,7 +88,7 @@ func NewWatcher(ttl time.Duration, log *slog.Logger) (*Watcher, error) {
 	}
 	w := &Watcher{
 		f: os.NewFile(uintptr(fd), "inotify"), ttl: ttl, log: log, max: maxWatches(),
-		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, linked: map[uint64]bool{}, done: make(chan struct{}),
+		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, linked: map[uint64]bool{}, above: map[int32]bool{}, done: make(chan struct{}),
 		links: newLinkWatch(),
 	}
 	go w.read()
@@ -162,12 +168,41 @@ func (w *Watcher) remove(n *node) {
 		delete(ws.nodes, n)
 		if len(ws.nodes) == 0 {
 			delete(w.byWD, wd)
-			if !w.closed {
+			if !w.closed && !w.above[wd] {
 				unix.InotifyRmWatch(int(w.f.Fd()), uint32(wd))
 			}
 		}
 	}
 	n.wd.Store(0)
+}
+
+// aboveMask: a directory above a backing root matters only for its own
+// search permission (mode, owner, ACLs) and for going away. IN_MASK_ADD
+// keeps a backing directory's watch of the same inode whole.
+const aboveMask = unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW | unix.IN_MASK_ADD
+
+// watchAbove watches the directories above b's root. A native walk to the
+// backing tree crosses them, and the daemon checks that its callers may
+// (ancestorsSearchable), but what the kernel answers from its cache (a
+// walk through cached entries, a stat, a listing) never reaches the
+// daemon: when one of them changes its attributes, every view drops its
+// cache, and the next answer is decided as the caller again.
+func (w *Watcher) watchAbove(b *backing) {
+	if w == nil || b.real == "/" {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for dir := filepath.Dir(b.real); ; dir = filepath.Dir(dir) {
+		if wd, err := unix.InotifyAddWatch(int(w.f.Fd()), dir, aboveMask); err == nil {
+			w.above[int32(wd)] = true
+		} else {
+			w.log.Debug("inotify_add_watch above a backing root", "path", dir, "err", err)
+		}
+		if dir == "/" {
+			return
+		}
+	}
 }
 
 // removeView forgets every node of v: an unmounted view's nodes may never
@@ -238,7 +273,11 @@ func (w *Watcher) read() {
 					}
 					delete(w.byWD, ev.Wd)
 				}
+				delete(w.above, ev.Wd)
 			default:
+				if w.above[ev.Wd] && name == "" {
+					w.aboveChanged = true
+				}
 				w.pending[pendingKey{ev.Wd, name}] |= ev.Mask
 				if w.timer == nil {
 					w.timer = time.AfterFunc(coalesce, w.flush)
@@ -270,6 +309,8 @@ func (w *Watcher) flush() {
 		}
 	}
 	clear(w.pending)
+	above := w.aboveChanged
+	w.aboveChanged = false
 	var linkedViews map[*View]map[uint64]bool
 	if len(w.linked) > 0 {
 		linkedViews = map[*View]map[uint64]bool{}
@@ -282,6 +323,20 @@ func (w *Watcher) flush() {
 	}
 	w.timer = nil
 	w.mu.Unlock()
+	if above {
+		w.log.Info("a directory above a backing root changed; every view's cache is dropped")
+		views.Lock()
+		var vs []*View
+		for v := range views.set {
+			if v.opts.Watcher == w {
+				vs = append(vs, v)
+			}
+		}
+		views.Unlock()
+		for _, v := range vs {
+			v.dropCaches()
+		}
+	}
 	for v, devs := range linkedViews {
 		v.linkedOn(devs)
 	}
@@ -373,13 +428,18 @@ func (w *Watcher) overflow() {
 	w.mu.Unlock()
 	w.log.Warn("inotify queue overflowed; every view's cache is dropped")
 	for v := range views {
-		if v.closed.Load() {
-			continue
-		}
-		if !v.bumpEpoch(false) {
-			v.invalidateEntries(v.root.EmbeddedInode())
-		}
-		v.lists.epoch.Add(1)
-		v.dropListings(nil)
+		v.dropCaches()
 	}
+}
+
+// dropCaches drops every entry and listing the kernel caches for v.
+func (v *View) dropCaches() {
+	if v.closed.Load() {
+		return
+	}
+	if !v.bumpEpoch(false) {
+		v.invalidateEntries(v.root.EmbeddedInode())
+	}
+	v.lists.epoch.Add(1)
+	v.dropListings(nil)
 }

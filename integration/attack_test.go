@@ -487,10 +487,31 @@ func TestAttackAncestorsAboveTheBackingRoot(t *testing.T) {
 	if out := asNobody(t, "cat", mnt+"/workspace/f.txt"); !strings.HasPrefix(out, "read") {
 		t.Fatalf("before: %s", out)
 	}
+	// What the kernel caches (the entry, the listing) is as far behind a
+	// closed ancestor as the file itself, once the watcher has seen the
+	// change (it drops every view's cache).
+	sh := startShell(t)
+	for _, p := range []string{"stat", "ls"} {
+		if ok, res := sh.do(p, mnt+"/workspace"); !ok {
+			t.Fatalf("before: %s: %s", p, res)
+		}
+	}
 	if err := os.Chmod(h.root, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	defer os.Chmod(h.root, 0o755)
+	// Within the watcher's moments (events come within about 10 ms), not
+	// the second or so after which some cached attributes expire anyway.
+	for deadline := time.Now().Add(500 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
+		okStat, _ := sh.do("stat", mnt+"/workspace/f.txt")
+		okList, names := sh.do("ls", mnt+"/workspace")
+		if !okStat && !okList {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("500 ms after a 0700 ancestor shut 65534 out, the view still answers from its cache: stat %v, ls %v %q", okStat, okList, names)
+		}
+	}
 	if out := asNobody(t, "cat", h.path("workspace/f.txt")); out != "errno EACCES" {
 		t.Fatalf("natively: %s", out)
 	}

@@ -224,7 +224,7 @@ func (g guardFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (cod
 // OpenDir answers ENOSYS: the kernel then opens every directory of the
 // connection by itself, with no OPENDIR or RELEASEDIR round trip, and keeps
 // the listings it reads in its cache until the daemon drops them
-// (listing.go). READDIR and FSYNCDIR come with no handle (readDir).
+// (listing.go). READDIR and FSYNCDIR come with no handle (withDir).
 func (g guardFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (code fuse.Status) {
 	defer g.done("OpenDir", g.now(), &code)
 	return fuse.ENOSYS

@@ -15,7 +15,7 @@ import (
 // per directory, and every listing it reads is kept in the directory's page
 // cache (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE, chosen by the kernel) until
 // something drops it. Each READDIR is served on a directory opened for that
-// request alone, as its caller, through the choke point (guardFS.readDir,
+// request alone, as its caller, through the choke point (guardFS.withDir,
 // node.OpendirHandle). What the kernel answers from a cached listing it
 // checks itself, for whichever admitted uid asks (mode bits and POSIX ACLs,
 // as for a cached stat).

@@ -20,10 +20,12 @@
 // No stale authority: SetContext and Invalidate return only after the
 // kernel's dentry caches have been invalidated, with FUSE_NOTIFY_INC_EPOCH
 // where the kernel has it (Linux ≥ 6.16) and per-entry notifications
-// otherwise, and after the cached pages of every open file the new state
-// denies have been dropped. Negative entries are never cached. Every read,
-// write and listing that reaches the daemon decides again; cached pages are
-// read only through a handle whose decision stands (newHandle, revoke).
+// otherwise, after the cached pages of every open file the new state
+// denies have been dropped, and after every cached listing they can change
+// and every remembered absence of a hidden name are gone (listing.go).
+// Every read, write and listing that reaches the daemon decides again;
+// cached pages are read only through a handle whose decision stands
+// (newHandle, revoke).
 package fsys
 
 import (

@@ -29,6 +29,11 @@ type dirHandle struct {
 	at      uint64 // the offset reached: that of the last entry read
 	dirPath string
 	dirOK   bool
+	// The last entry handed out, and its attributes if Readdirent read
+	// them (Lookup, for READDIRPLUS, comes right after).
+	lastName string
+	lastSt   unix.Stat_t
+	lastOK   bool
 }
 
 var (
@@ -73,7 +78,18 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		// walk saves.
 		return nil, syscall.ENOENT
 	}
-	in, errno := n.lookup(ctx, name, out, true)
+	d.mu.Lock()
+	at := listedAt{fd: d.fd, path: d.dirPath}
+	if d.lastOK && d.lastName == name {
+		st := d.lastSt
+		at.st = &st
+	}
+	ok := d.dirOK && d.fd >= 0
+	d.mu.Unlock()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	in, errno := n.lookup(ctx, name, out, &at)
 	if errno == 0 {
 		n.view.plusHanded.Store(true)
 	}
@@ -131,12 +147,14 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			continue
 		}
 		mode := uint32(typ) << 12
+		d.lastName, d.lastOK = name, false
 		if typ == unix.DT_LNK || typ == unix.DT_UNKNOWN || (typ == unix.DT_REG && snap.cfg.HasRules(sp) && !v.opts.AllowHardlinks) {
 			var st unix.Stat_t
 			if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 				continue
 			}
 			mode = st.Mode
+			d.lastSt, d.lastOK = st, true
 			if !v.opts.AllowHardlinks {
 				v.opts.Watcher.shows(&st)
 			}

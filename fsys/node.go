@@ -135,11 +135,17 @@ func (t *target) close() {
 // (become), then resolve what the operation names (prepare). On success the
 // operation must call leave.
 func (n *node) enter(ctx context.Context, op opKind, name string) (target, syscall.Errno) {
+	return n.enterAt(ctx, op, name, nil)
+}
+
+// enterAt is enter, resolving a listed name beneath the listing's own
+// directory (see listedAt).
+func (n *node) enterAt(ctx context.Context, op opKind, name string, at *listedAt) (target, syscall.Errno) {
 	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return target{dirfd: -1, fd: -1}, errno
 	}
-	t, errno := n.prepare(a, op, name)
+	t, errno := n.prepareAt(a, op, name, at)
 	t.as = a
 	if errno != 0 {
 		a.restore()
@@ -167,6 +173,25 @@ func (t *target) isDir() bool { return t.st.Mode&unix.S_IFMT == unix.S_IFDIR }
 //
 // On success the caller owns t and must close it.
 func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno syscall.Errno) {
+	return n.prepareAt(a, op, name, nil)
+}
+
+// listedAt is where a READDIRPLUS listing found a name: the directory it
+// reads (opened by the same request, through prepare, as the same caller,
+// for node n) whose current path is path, and the entry's attributes if the
+// listing has read them already. A lookup of that name resolves it beneath
+// fd (one fstatat, or none) instead of from the backing root (openat2 of
+// the whole path, fstat, close): the same inode, since fd is the directory
+// at path, which is n's.
+type listedAt struct {
+	fd   int
+	path string
+	st   *unix.Stat_t
+}
+
+// prepareAt is prepare; at, if set, is where a listing found name (used
+// only when the listed directory's path is n's).
+func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t target, errno syscall.Errno) {
 	t.dirfd, t.fd = -1, -1
 	if testFault != nil {
 		testFault(op, name)
@@ -213,6 +238,18 @@ func (n *node) prepare(a asCaller, op opKind, name string) (t target, errno sysc
 		t.dirfd = fd
 	}
 	if op == opCreate {
+		return t, 0
+	}
+	if at != nil && op == opLookup && name != "" && at.path == dir {
+		if at.st != nil {
+			t.st = *at.st
+		} else if err := unix.Fstatat(at.fd, name, &t.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			t.absent = err == unix.ENOENT
+			return t, errnoOf(err)
+		}
+		if n.view.hides(t.snap.cfg, n.space, t.path, &t.st, func() (string, error) { return readlinkat(at.fd, name) }) {
+			return t, syscall.ENOENT
+		}
 		return t, 0
 	}
 	fd, err := t.b.open(t.path, unix.O_PATH, 0)
@@ -356,7 +393,7 @@ var (
 // Lookup finds a child: one openat2 and one fstat (a missing name, the
 // common case before a create, costs one syscall).
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	return n.lookup(ctx, name, out, false)
+	return n.lookup(ctx, name, out, nil)
 }
 
 // lookup is Lookup, for a LOOKUP or (listed) for an entry a READDIRPLUS
@@ -365,10 +402,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 // recorded for the switches to drop (plusRuled), and none is given if a
 // switch began since the decision. A listed name without an entry is
 // looked up by the kernel on its own, so no absence is recorded for it.
-func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, listed bool) (*fs.Inode, syscall.Errno) {
+// A listed name is resolved where the listing found it (listedAt).
+func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, listed *listedAt) (*fs.Inode, syscall.Errno) {
 	g := authGen.Load() // before the decision; see nameSet
-	t, errno := n.enter(ctx, opLookup, name)
-	if errno != 0 && listed {
+	t, errno := n.enterAt(ctx, opLookup, name, listed)
+	if errno != 0 && listed != nil {
 		return nil, errno
 	}
 	if errno != 0 {
@@ -393,7 +431,7 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, list
 		return nil, errno
 	}
 	defer t.leave()
-	if listed && t.ruled && !n.view.plusRuled.add(n, name, g) {
+	if listed != nil && t.ruled && !n.view.plusRuled.add(n, name, g) {
 		return nil, syscall.ENOENT
 	}
 	n.watch(dirOf(t.path))

@@ -502,14 +502,14 @@ func TestAttackAncestorsAboveTheBackingRoot(t *testing.T) {
 	defer os.Chmod(h.root, 0o755)
 	// Within the watcher's moments (events come within about 10 ms), not
 	// the second or so after which some cached attributes expire anyway.
-	for deadline := time.Now().Add(500 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(800 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
 		okStat, _ := sh.do("stat", mnt+"/workspace/f.txt")
 		okList, names := sh.do("ls", mnt+"/workspace")
 		if !okStat && !okList {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("500 ms after a 0700 ancestor shut 65534 out, the view still answers from its cache: stat %v, ls %v %q", okStat, okList, names)
+			t.Fatalf("800 ms after a 0700 ancestor shut 65534 out, the view still answers from its cache: stat %v, ls %v %q", okStat, okList, names)
 		}
 	}
 	if out := asNobody(t, "cat", h.path("workspace/f.txt")); out != "errno EACCES" {

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/condfs/condfs/internal/jsonwire"
 	"golang.org/x/sys/unix"
 )
 
@@ -362,8 +363,12 @@ func (s *Server) serveConn(c *net.UnixConn) {
 
 func (s *Server) handle(ctx context.Context, line []byte) (response, bool) {
 	var req request
-	if err := noDuplicateKeys(line); err != nil {
-		if errors.Is(err, errDuplicateKey) {
+	// Parsed strictly first (internal/jsonwire, shared with the MCP
+	// gateway): encoding/json keeps the last of two duplicate keys and
+	// folds case ("method" and "Method", or "paramſ" onto "params"), so a
+	// request a log or a proxy read one way would run another.
+	if err := jsonwire.Check(line, jsonwire.Rules{}); err != nil {
+		if errors.Is(err, jsonwire.ErrDuplicateKey) {
 			return response{Error: Errorf(CodeInvalidRequest, "invalid request: %v", err)}, true
 		}
 		return response{Error: Errorf(CodeParse, "parse error: %v", err)}, true
@@ -442,57 +447,6 @@ func SocketGroup(name string) (int, error) {
 		return -1, fmt.Errorf("--socket-group %s: %w", name, err)
 	}
 	return g, nil
-}
-
-var errDuplicateKey = errors.New("duplicate key")
-
-// noDuplicateKeys walks a JSON text and fails on an object with the same
-// key twice, at any depth: encoding/json keeps the last, so a request with
-// two "method" keys would run what a log or a proxy reading the first did
-// not see.
-func noDuplicateKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	type frame struct {
-		keys   map[string]struct{}
-		object bool
-		key    bool // the next token in an object is a key
-	}
-	var stack []frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if n := len(stack); n > 0 && stack[n-1].object {
-			top := &stack[n-1]
-			if d, ok := tok.(json.Delim); ok && d == '}' {
-				stack = stack[:n-1]
-				continue
-			}
-			if top.key {
-				k := tok.(string)
-				if _, dup := top.keys[k]; dup {
-					return fmt.Errorf("%w %q in an object", errDuplicateKey, k)
-				}
-				top.keys[k] = struct{}{}
-				top.key = false
-				continue
-			}
-			top.key = true
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, frame{keys: map[string]struct{}{}, object: true, key: true})
-		case json.Delim('['):
-			stack = append(stack, frame{})
-		case json.Delim(']'):
-			stack = stack[:len(stack)-1]
-		}
-	}
 }
 
 // ReadLine reads one line without its end ("\n", or "\r\n"). A line over max

@@ -269,6 +269,11 @@ func TestDuplicateKeys(t *testing.T) {
 		`{"jsonrpc":"2.0","id":1,"method":"echo","method":"fail","params":{}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"a":[{"b":1,"b":2}]}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"a":{"c":{"d":1,"d":1}}}}`,
+		// Keys encoding/json folds together (U+017F long s, U+212A Kelvin,
+		// ASCII case): it would keep the last.
+		`{"jsonrpc":"2.0","id":1,"method":"echo","methoD":"fail","params":{}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"args":{"to":1},"argſ":{"to":2}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"echo","params":{"k":1,"K":2}}`,
 	} {
 		fmt.Fprintln(c, line)
 		got, _ := r.ReadString('\n')

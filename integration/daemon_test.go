@@ -114,6 +114,9 @@ func TestDaemonEndToEnd(t *testing.T) {
 	for _, line := range []string{
 		`{"jsonrpc":"2.0","id":1,"method":"tool.decide","params":{"tool":"refund","args":{"amount":1,"amount":1000}}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"status","method":"session.close","params":{"id":"dm"}}`,
+		// Folded onto "args" by encoding/json, which kept the last: the
+		// decision was the allowed amount's (the scanner compared exact keys).
+		`{"jsonrpc":"2.0","id":1,"method":"tool.decide","params":{"tool":"refund","args":{"amount":1000},"argſ":{"amount":1}}}`,
 	} {
 		raw := rawCall(t, d.socket, line)
 		if !strings.Contains(raw, `"code":-32600`) || !strings.Contains(raw, "duplicate") {

@@ -1,14 +1,26 @@
 // Package mcpproxy enforces the tool policy between an MCP client and an MCP
-// server over the stdio transport (newline-delimited JSON-RPC 2.0). It
-// relays every message both ways as raw bytes, except:
+// server over the stdio transport (newline-delimited JSON-RPC 2.0).
 //
-//   - tools/call: decided first (Decider.Decide). Allowed calls are
-//     forwarded unchanged. Denied ones are answered to the client with a
-//     tool result whose isError is true, and never reach the server. Calls
-//     that need approval are put to the client (elicitation/create) when it
-//     declared that capability, and forwarded only on an explicit accept
-//     with approve = true; otherwise they are denied.
+// What is decided is exactly what is forwarded. Every line, both ways, is
+// parsed once by internal/jsonwire, which refuses any text readers could
+// read apart (keys duplicated exactly or under case folding, at any depth;
+// a JSON-RPC member spelled in another case; invalid UTF-8; unpaired
+// surrogates; from the client, numbers a float64 reader reads differently);
+// what is passed on is that parse re-encoded as one line of printable
+// ASCII, never the bytes read, so no reader can split it at a CR, U+2028
+// or NEL. A refused client message is answered with an error and never
+// forwarded; a refused server message is dropped and logged. Then:
+//
+//   - tools/call: decided first (Decider.Decide) on the parse that is
+//     forwarded. Allowed calls are forwarded. Denied ones are answered to
+//     the client with a tool result whose isError is true, and never reach
+//     the server. Calls that need approval are put to the client
+//     (elicitation/create) when it declared that capability, and forwarded
+//     only on an explicit accept with approve = true; otherwise they are
+//     denied.
 //   - tools/list results: tools the roles can never call are left out.
+//   - batches (older protocol versions): each message is handled, and
+//     forwarded, on its own line.
 //
 // Every failure fails closed: a daemon that cannot be reached, a malformed
 // tools/call, or an approval that times out is a denial; a listing that
@@ -30,6 +42,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/condfs/condfs/internal/jsonwire"
 )
 
 // Decider decides for the proxy (the daemon, over its socket).
@@ -65,7 +79,7 @@ type proxy struct {
 
 	mu        sync.Mutex
 	lists     map[string]bool                 // ids of tools/list requests in flight
-	approvals map[string]chan json.RawMessage // our elicitation ids -> answer
+	approvals map[string]chan *jsonwire.Value // our elicitation ids -> answer
 	// pending approvals asked by an input_required result (protocol
 	// 2026-07-28, multi round-trip): requestState token -> the call it
 	// was asked for, so that an answer approves exactly that call, once.
@@ -89,17 +103,56 @@ func (l *lockedWriter) line(b []byte) error {
 	return err
 }
 
-// message is what the proxy reads of a JSON-RPC message; the rest stays raw.
+// wireRules: what the proxy reads from the client must mean one thing to
+// every reader, numbers included (a policy decides on them).
+var wireRules = jsonwire.Rules{Agreed: true}
+
+// serverRules: nothing is decided on a server's numbers; they pass exactly
+// as written (re-encoded around them).
+var serverRules = jsonwire.Rules{}
+
+// envelope are the keys of a JSON-RPC message the proxy reads.
+var envelope = []string{"jsonrpc", "id", "method", "params", "result", "error"}
+
+// message is a parsed JSON-RPC message: what the proxy decides on, and
+// (re-encoded) exactly what it passes on.
 type message struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-	Params json.RawMessage `json:"params"`
-	Result json.RawMessage `json:"result"`
-	Error  json.RawMessage `json:"error"`
+	v      *jsonwire.Value
+	id     []byte // the id as re-encoded, nil when absent
+	method string
 }
 
-func (m *message) isRequest() bool  { return m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null" }
-func (m *message) isResponse() bool { return m.Method == "" && len(m.ID) > 0 }
+// readMessage reads a message object, refusing one whose envelope a
+// reader could take apart from the proxy's reading.
+func readMessage(v *jsonwire.Value) (message, error) {
+	if v.Kind != jsonwire.Object {
+		return message{}, fmt.Errorf("a message must be an object")
+	}
+	if k, ok := v.HasFolded(envelope...); ok {
+		return message{}, fmt.Errorf("key %q: readers that fold case read it as a JSON-RPC member", k)
+	}
+	m := message{v: v}
+	if id := v.Get("id"); id != nil {
+		if id.Kind != jsonwire.String && id.Kind != jsonwire.Number && id.Kind != jsonwire.Null {
+			return message{}, fmt.Errorf("id must be a string or a number")
+		}
+		m.id = id.Bytes()
+	}
+	if mv := v.Get("method"); mv != nil {
+		s, ok := mv.Text()
+		if !ok || s == "" {
+			return message{}, fmt.Errorf("method must be a non-empty string")
+		}
+		m.method = s
+	}
+	return m, nil
+}
+
+func (m *message) isRequest() bool  { return m.method != "" && m.id != nil && string(m.id) != "null" }
+func (m *message) isResponse() bool { return m.method == "" && m.id != nil }
+func (m *message) params() *jsonwire.Value {
+	return m.v.Get("params")
+}
 
 // Run relays until the server's output ends (it returns nil then) or the
 // client's input ends (it closes the server's input and returns once the
@@ -116,7 +169,7 @@ func Run(ctx context.Context, opts Options, clientIn io.Reader, clientOut io.Wri
 	}
 	p := &proxy{
 		opts: opts, client: &lockedWriter{w: clientOut}, server: &lockedWriter{w: serverIn},
-		lists: map[string]bool{}, approvals: map[string]chan json.RawMessage{}, asked: map[string]askedCall{},
+		lists: map[string]bool{}, approvals: map[string]chan *jsonwire.Value{}, asked: map[string]askedCall{},
 	}
 	fromServer := make(chan error, 1)
 	go func() { fromServer <- p.serverLoop(ctx, serverOut) }()
@@ -163,7 +216,7 @@ func readLines(r io.Reader, each func(line []byte) error) error {
 			}
 			line = buf
 		}
-		if t := bytes.TrimSpace(line); len(t) > 0 {
+		if t := bytes.Trim(line, " \t\r\n"); len(t) > 0 {
 			// A copy: the reader's buffer is reused, and a message may be
 			// handled after the next read (a tools/call being decided).
 			if cerr := each(append([]byte(nil), t...)); cerr != nil {
@@ -179,76 +232,67 @@ func readLines(r io.Reader, each func(line []byte) error) error {
 	}
 }
 
-// clientLoop handles what the client sends.
+// clientLoop handles what the client sends. Each line is parsed once,
+// strictly; what the proxy forwards is that parse re-encoded, never the
+// bytes it read.
 func (p *proxy) clientLoop(ctx context.Context, in io.Reader) error {
 	return readLines(in, func(line []byte) error {
-		if line[0] == '[' {
+		v, err := jsonwire.Parse(line, wireRules)
+		if err != nil {
+			return p.refuse(err)
+		}
+		if v.Kind == jsonwire.Array {
 			// A batch (older protocol versions): handled message by
 			// message, so that no tools/call slips through inside one.
-			var batch []json.RawMessage
-			if err := json.Unmarshal(line, &batch); err != nil {
-				return p.refuse(err)
-			}
-			for _, m := range batch {
-				if err := p.fromClient(ctx, m); err != nil {
+			for _, e := range v.Elems {
+				if err := p.fromClient(ctx, e); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
-		return p.fromClient(ctx, line)
+		return p.fromClient(ctx, v)
 	})
 }
 
-func (p *proxy) fromClient(ctx context.Context, raw []byte) error {
-	// The server must read exactly what the proxy decided on. A message
-	// the proxy cannot parse, or one with two keys that parsers may pick
-	// between ("method" and "Method": encoding/json matches keys without
-	// case and takes the last, other parsers do not), could carry a
-	// tools/call past the decision: it is refused, never forwarded.
-	var m message
-	if err := strictKeys(raw); err != nil {
-		return p.refuse(err)
-	}
-	if err := json.Unmarshal(raw, &m); err != nil {
+func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
+	m, err := readMessage(v)
+	if err != nil {
 		return p.refuse(err)
 	}
 	switch {
 	case m.isResponse():
 		p.mu.Lock()
-		ch, ours := p.approvals[string(m.ID)]
-		delete(p.approvals, string(m.ID))
+		ch, ours := p.approvals[string(m.id)]
+		delete(p.approvals, string(m.id))
 		p.mu.Unlock()
 		if ours {
-			ch <- raw
+			ch <- v
 			return nil
 		}
-	case m.Method == "initialize":
-		p.initID.Store(string(m.ID))
-		var params struct {
-			Capabilities struct {
-				Elicitation json.RawMessage `json:"elicitation"`
-			} `json:"capabilities"`
-		}
-		json.Unmarshal(m.Params, &params)
-		p.elicit.Store(len(params.Capabilities.Elicitation) > 0 && string(params.Capabilities.Elicitation) != "null")
-	case m.Method == "tools/list" && m.isRequest():
+	case m.method == "initialize":
+		p.initID.Store(string(m.id))
+		p.elicit.Store(declared(m.params().Get("capabilities").Get("elicitation")))
+	case m.method == "tools/list" && m.isRequest():
 		p.mu.Lock()
-		p.lists[string(m.ID)] = true
+		p.lists[string(m.id)] = true
 		p.mu.Unlock()
-	case m.Method == "tools/call":
+	case m.method == "tools/call":
 		if !m.isRequest() {
 			return nil // a call without an id gets no answer: nothing runs
 		}
 		p.calls.Add(1)
 		go func() {
 			defer p.calls.Done()
-			p.call(ctx, m, raw)
+			p.call(ctx, m)
 		}()
 		return nil
 	}
-	return p.server.line(raw)
+	return p.server.line(v.Bytes())
 }
+
+// declared reports whether a capability is declared (present, not null).
+func declared(v *jsonwire.Value) bool { return v != nil && v.Kind != jsonwire.Null }
 
 // refuse answers a client message the proxy will not forward.
 func (p *proxy) refuse(why error) error {
@@ -259,77 +303,35 @@ func (p *proxy) refuse(why error) error {
 	return p.client.line(resp)
 }
 
-// strictKeys fails on invalid JSON and on an object, at any depth, with
-// two keys equal when case is ignored.
-func strictKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	type frame struct {
-		keys   map[string]bool
-		object bool
-		key    bool // the next token is a key
-	}
-	var stack []frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if n := len(stack); n > 0 && stack[n-1].object {
-			top := &stack[n-1]
-			if d, ok := tok.(json.Delim); ok && d == '}' {
-				stack = stack[:n-1]
-				continue
-			}
-			if top.key {
-				k := strings.ToLower(tok.(string))
-				if top.keys[k] {
-					return fmt.Errorf("duplicate key %q", tok)
-				}
-				top.keys[k] = true
-				top.key = false
-				continue
-			}
-			top.key = true
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, frame{keys: map[string]bool{}, object: true, key: true})
-		case json.Delim('['):
-			stack = append(stack, frame{})
-		case json.Delim(']'):
-			stack = stack[:len(stack)-1]
-		}
-	}
-}
+// callKeys are the members of a tools/call's params the proxy reads.
+var callKeys = []string{"name", "arguments", "inputResponses", "requestState", "_meta"}
 
-// call decides one tools/call and forwards it or answers it.
-func (p *proxy) call(ctx context.Context, m message, raw []byte) {
-	var params struct {
-		Name           *string                    `json:"name"`
-		Arguments      json.RawMessage            `json:"arguments"`
-		InputResponses map[string]json.RawMessage `json:"inputResponses"`
-		RequestState   string                     `json:"requestState"`
-		Meta           struct {
-			Version      string `json:"io.modelcontextprotocol/protocolVersion"`
-			Capabilities struct {
-				Elicitation json.RawMessage `json:"elicitation"`
-			} `json:"io.modelcontextprotocol/clientCapabilities"`
-		} `json:"_meta"`
-	}
-	if err := json.Unmarshal(m.Params, &params); err != nil || params.Name == nil || *params.Name == "" {
-		p.deny(m.ID, "", []string{"malformed tools/call: params need a name"})
+// call decides one tools/call and forwards it or answers it. What is
+// decided (the name, the arguments) is read from the parse that is
+// forwarded; the decider gets the arguments as they will be forwarded.
+func (p *proxy) call(ctx context.Context, m message) {
+	params := m.params()
+	if params == nil || params.Kind != jsonwire.Object {
+		p.deny(m.id, "", []string{"malformed tools/call: params must be an object"})
 		return
 	}
-	name := *params.Name
-	args := params.Arguments
-	if len(args) == 0 || string(args) == "null" {
-		args = json.RawMessage("{}")
+	if k, ok := params.HasFolded(callKeys...); ok {
+		p.deny(m.id, "", []string{fmt.Sprintf("malformed tools/call: params key %q (readers that fold case read it as another)", k)})
+		return
 	}
-	if args[0] != '{' {
-		p.deny(m.ID, name, []string{"malformed tools/call: arguments must be an object"})
+	name, ok := params.Get("name").Text()
+	if !ok || name == "" {
+		p.deny(m.id, "", []string{"malformed tools/call: params need a name"})
+		return
+	}
+	argv := params.Get("arguments")
+	args := []byte("{}")
+	switch {
+	case argv == nil || argv.Kind == jsonwire.Null:
+	case argv.Kind == jsonwire.Object:
+		args = argv.Bytes()
+	default:
+		p.deny(m.id, name, []string{"malformed tools/call: arguments must be an object"})
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.opts.DecideTimeout)
@@ -337,40 +339,50 @@ func (p *proxy) call(ctx context.Context, m message, raw []byte) {
 	cancel()
 	if err != nil {
 		p.opts.Logger.Warn("no decision; denying", "tool", name, "err", err)
-		p.deny(m.ID, name, []string{"the condfs daemon gave no decision: " + err.Error()})
+		p.deny(m.id, name, []string{"the condfs daemon gave no decision: " + err.Error()})
 		return
 	}
 	switch decision {
 	case "allow":
-		p.server.line(raw)
+		p.server.line(m.v.Bytes())
 	case "approval_required":
-		if answer, ok := params.InputResponses[approvalKey]; ok {
+		if answer := params.Get("inputResponses").Get(approvalKey); answer != nil {
 			// The retry of a call we asked about (multi round-trip).
-			if fwd, ok := p.answered(params.RequestState, name, args, answer, raw); ok {
-				p.server.line(fwd)
+			state, _ := params.Get("requestState").Text()
+			if p.answered(state, name, args, answer) {
+				// Forwarded without condfs's part (the server never asked
+				// for it).
+				responses := params.Get("inputResponses")
+				responses.Delete(approvalKey)
+				if len(responses.Members) == 0 {
+					params.Delete("inputResponses")
+					params.Delete("requestState")
+				}
+				p.server.line(m.v.Bytes())
 				return
 			}
-			p.deny(m.ID, name, []string{"approval required"})
+			p.deny(m.id, name, []string{"approval required"})
 			return
 		}
 		elicit, mrtr := p.elicit.Load(), p.multiRoundTrip()
-		if meta := params.Meta; meta.Version != "" {
+		meta := params.Get("_meta")
+		if version, _ := meta.Get("io.modelcontextprotocol/protocolVersion").Text(); version != "" {
 			// Protocol 2026-07-28 and later: no initialize handshake; each
 			// request carries its version and the client's capabilities.
-			mrtr = meta.Version >= "2026-07-28"
-			elicit = len(meta.Capabilities.Elicitation) > 0 && string(meta.Capabilities.Elicitation) != "null"
+			mrtr = version >= "2026-07-28"
+			elicit = declared(meta.Get("io.modelcontextprotocol/clientCapabilities").Get("elicitation"))
 		}
 		if elicit && mrtr {
-			p.askInResult(m.ID, name, args, reasons)
+			p.askInResult(m.id, name, args, reasons)
 			return
 		}
 		if elicit && p.approved(ctx, name, args, reasons) {
-			p.server.line(raw)
+			p.server.line(m.v.Bytes())
 			return
 		}
-		p.deny(m.ID, name, []string{"approval required"})
+		p.deny(m.id, name, []string{"approval required"})
 	default:
-		p.deny(m.ID, name, reasons)
+		p.deny(m.id, name, reasons)
 	}
 }
 
@@ -385,7 +397,7 @@ type askedCall struct {
 // callHash identifies a call by its tool and its arguments in a canonical
 // form (decoded and encoded again: object keys sorted), so that a retry
 // that re-encodes the same arguments still matches.
-func callHash(name string, args json.RawMessage) [32]byte {
+func callHash(name string, args []byte) [32]byte {
 	var v any
 	dec := json.NewDecoder(bytes.NewReader(args))
 	dec.UseNumber()
@@ -405,7 +417,7 @@ func (p *proxy) multiRoundTrip() bool {
 }
 
 // approvalQuestion is what the user is asked about a call.
-func approvalQuestion(name string, args json.RawMessage, reasons []string) map[string]any {
+func approvalQuestion(name string, args []byte, reasons []string) map[string]any {
 	text := fmt.Sprintf("Allow the tool call %s(%s)?", name, summary(args))
 	if len(reasons) > 0 {
 		text += " " + strings.Join(reasons, "; ")
@@ -424,7 +436,7 @@ func approvalQuestion(name string, args json.RawMessage, reasons []string) map[s
 
 // askInResult answers the call with an input_required result that asks
 // the user (the client retries the call with the answer).
-func (p *proxy) askInResult(id json.RawMessage, name string, args json.RawMessage, reasons []string) {
+func (p *proxy) askInResult(id []byte, name string, args []byte, reasons []string) {
 	var tok [16]byte
 	rand.Read(tok[:])
 	state := hex.EncodeToString(tok[:])
@@ -438,7 +450,7 @@ func (p *proxy) askInResult(id json.RawMessage, name string, args json.RawMessag
 	p.asked[state] = askedCall{call: callHash(name, args), expires: now.Add(p.opts.ApprovalTimeout)}
 	p.mu.Unlock()
 	resp, _ := json.Marshal(map[string]any{
-		"jsonrpc": "2.0", "id": id,
+		"jsonrpc": "2.0", "id": json.RawMessage(id),
 		"result": map[string]any{
 			"resultType":    "input_required",
 			"inputRequests": map[string]any{approvalKey: map[string]any{"method": "elicitation/create", "params": approvalQuestion(name, args, reasons)}},
@@ -449,54 +461,32 @@ func (p *proxy) askInResult(id json.RawMessage, name string, args json.RawMessag
 }
 
 // answered checks the answer to a question askInResult asked, for exactly
-// this call and once, and returns the call to forward without condfs's
-// part (the server never asked for it).
-func (p *proxy) answered(state, name string, args, answer json.RawMessage, raw []byte) ([]byte, bool) {
+// this call and once.
+func (p *proxy) answered(state, name string, args []byte, answer *jsonwire.Value) bool {
 	p.mu.Lock()
 	a, ok := p.asked[state]
 	delete(p.asked, state)
 	p.mu.Unlock()
 	if !ok || time.Now().After(a.expires) || a.call != callHash(name, args) {
-		return nil, false
+		return false
 	}
-	var r struct {
-		Action  string `json:"action"`
-		Content struct {
-			Approve *bool `json:"approve"`
-		} `json:"content"`
-	}
-	if json.Unmarshal(answer, &r) != nil || r.Action != "accept" || r.Content.Approve == nil || !*r.Content.Approve {
-		return nil, false
-	}
-	var msg map[string]json.RawMessage
-	if json.Unmarshal(raw, &msg) != nil {
-		return nil, false
-	}
-	var params map[string]json.RawMessage
-	if json.Unmarshal(msg["params"], &params) != nil {
-		return nil, false
-	}
-	var responses map[string]json.RawMessage
-	json.Unmarshal(params["inputResponses"], &responses)
-	delete(responses, approvalKey)
-	if len(responses) == 0 {
-		delete(params, "inputResponses")
-		delete(params, "requestState")
-	} else {
-		params["inputResponses"], _ = json.Marshal(responses)
-	}
-	msg["params"], _ = json.Marshal(params)
-	out, err := json.Marshal(msg)
-	return out, err == nil
+	return accepted(answer)
+}
+
+// accepted reads an elicitation result: accepted, with approve true.
+func accepted(r *jsonwire.Value) bool {
+	action, _ := r.Get("action").Text()
+	approve := r.Get("content").Get("approve")
+	return action == "accept" && approve != nil && approve.Kind == jsonwire.Bool && approve.Bool
 }
 
 // approved asks the client's user with an elicitation/create request
 // (protocols before 2026-07-28).
-func (p *proxy) approved(ctx context.Context, name string, args json.RawMessage, reasons []string) bool {
+func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons []string) bool {
 	p.mu.Lock()
 	p.nextID++
 	id := fmt.Sprintf("%q", fmt.Sprintf("condfs-approval-%d", p.nextID))
-	ch := make(chan json.RawMessage, 1)
+	ch := make(chan *jsonwire.Value, 1)
 	p.approvals[id] = ch
 	p.mu.Unlock()
 	defer func() {
@@ -512,20 +502,8 @@ func (p *proxy) approved(ctx context.Context, name string, args json.RawMessage,
 		return false
 	}
 	select {
-	case raw := <-ch:
-		var resp struct {
-			Result *struct {
-				Action  string `json:"action"`
-				Content struct {
-					Approve *bool `json:"approve"`
-				} `json:"content"`
-			} `json:"result"`
-		}
-		if json.Unmarshal(raw, &resp) != nil || resp.Result == nil {
-			return false
-		}
-		r := resp.Result
-		return r.Action == "accept" && r.Content.Approve != nil && *r.Content.Approve
+	case resp := <-ch:
+		return accepted(resp.Get("result"))
 	case <-time.After(p.opts.ApprovalTimeout):
 		return false
 	case <-ctx.Done():
@@ -534,7 +512,7 @@ func (p *proxy) approved(ctx context.Context, name string, args json.RawMessage,
 }
 
 // summary shortens a call's arguments for a question to the user.
-func summary(args json.RawMessage) string {
+func summary(args []byte) string {
 	s := string(args)
 	if len(s) > 200 {
 		s = s[:200] + "…"
@@ -543,7 +521,7 @@ func summary(args json.RawMessage) string {
 }
 
 // deny answers a tools/call with a tool error that says why.
-func (p *proxy) deny(id json.RawMessage, tool string, reasons []string) {
+func (p *proxy) deny(id []byte, tool string, reasons []string) {
 	text := "Denied by policy"
 	if tool != "" {
 		text += " (condfs): " + tool
@@ -552,7 +530,7 @@ func (p *proxy) deny(id json.RawMessage, tool string, reasons []string) {
 		text += ": " + strings.Join(reasons, "; ")
 	}
 	resp, _ := json.Marshal(map[string]any{
-		"jsonrpc": "2.0", "id": id,
+		"jsonrpc": "2.0", "id": json.RawMessage(id),
 		"result": map[string]any{
 			"content": []map[string]any{{"type": "text", "text": text}},
 			"isError": true,
@@ -562,46 +540,66 @@ func (p *proxy) deny(id json.RawMessage, tool string, reasons []string) {
 }
 
 // serverLoop relays what the server sends, filtering tools/list results.
+// Each line is parsed strictly and passed on re-encoded: the client reads
+// the listing the proxy filtered, not a line it could read otherwise. A
+// line that does not parse is dropped (and logged).
 func (p *proxy) serverLoop(ctx context.Context, out io.Reader) error {
 	return readLines(out, func(line []byte) error {
-		var m message
-		if line[0] == '{' && json.Unmarshal(line, &m) == nil && m.isResponse() {
-			if id, _ := p.initID.Load().(string); id != "" && id == string(m.ID) {
-				var r struct {
-					ProtocolVersion string `json:"protocolVersion"`
-				}
-				json.Unmarshal(m.Result, &r)
-				p.protocol.Store(r.ProtocolVersion)
-			}
-			p.mu.Lock()
-			isList := p.lists[string(m.ID)]
-			delete(p.lists, string(m.ID))
-			p.mu.Unlock()
-			if isList && len(m.Result) > 0 {
-				return p.client.line(p.filterList(ctx, line, m))
-			}
+		v, err := jsonwire.Parse(line, serverRules)
+		if err != nil {
+			p.opts.Logger.Warn("server message dropped: it does not parse exactly", "err", err)
+			return nil
 		}
-		return p.client.line(line)
+		if v.Kind == jsonwire.Array {
+			for _, e := range v.Elems {
+				if err := p.fromServer(ctx, e); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return p.fromServer(ctx, v)
 	})
 }
 
-// filterList leaves out the tools the roles can never call; every other
-// field (nextCursor included) stays.
-func (p *proxy) filterList(ctx context.Context, line []byte, m message) []byte {
-	var result map[string]json.RawMessage
-	if err := json.Unmarshal(m.Result, &result); err != nil {
-		// Not a listing the proxy can filter: list nothing.
-		result = map[string]json.RawMessage{}
+func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
+	m, err := readMessage(v)
+	if err != nil {
+		p.opts.Logger.Warn("server message dropped", "err", err)
+		return nil
 	}
-	var tools []json.RawMessage
-	json.Unmarshal(result["tools"], &tools)
+	if m.isResponse() {
+		if id, _ := p.initID.Load().(string); id != "" && id == string(m.id) {
+			version, _ := v.Get("result").Get("protocolVersion").Text()
+			p.protocol.Store(version)
+		}
+		p.mu.Lock()
+		isList := p.lists[string(m.id)]
+		delete(p.lists, string(m.id))
+		p.mu.Unlock()
+		if isList && v.Get("result") != nil {
+			p.filterList(ctx, v)
+		}
+	}
+	return p.client.line(v.Bytes())
+}
+
+// filterList leaves out of a tools/list result the tools the roles can
+// never call; every other field (nextCursor included) stays.
+func (p *proxy) filterList(ctx context.Context, v *jsonwire.Value) {
+	result := v.Get("result")
+	if result.Kind != jsonwire.Object {
+		// Not a listing the proxy can filter: list nothing.
+		result = jsonwire.NewObject()
+		v.Set("result", result)
+	}
+	var tools []*jsonwire.Value
+	if t := result.Get("tools"); t != nil && t.Kind == jsonwire.Array {
+		tools = t.Elems
+	}
 	names := make([]string, len(tools))
 	for i, t := range tools {
-		var tool struct {
-			Name string `json:"name"`
-		}
-		json.Unmarshal(t, &tool)
-		names[i] = tool.Name
+		names[i], _ = t.Get("name").Text()
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.opts.DecideTimeout)
 	callable, err := p.opts.Decider.Callable(dctx, names)
@@ -614,14 +612,12 @@ func (p *proxy) filterList(ctx context.Context, line []byte, m message) []byte {
 			keep[n] = true
 		}
 	}
-	kept := []json.RawMessage{}
+	kept := &jsonwire.Value{Kind: jsonwire.Array, Elems: []*jsonwire.Value{}}
 	for i, t := range tools {
-		if keep[names[i]] {
-			kept = append(kept, t)
+		// A tool whose name is missing or not a string is never callable.
+		if names[i] != "" && keep[names[i]] && t.Get("name").Kind == jsonwire.String {
+			kept.Elems = append(kept.Elems, t)
 		}
 	}
-	result["tools"], _ = json.Marshal(kept)
-	newResult, _ := json.Marshal(result)
-	out, _ := json.Marshal(map[string]json.RawMessage{"jsonrpc": json.RawMessage(`"2.0"`), "id": m.ID, "result": newResult})
-	return out
+	result.Set("tools", kept)
 }

@@ -333,34 +333,96 @@ func BenchmarkToolCall(b *testing.B) {
 	})
 }
 
-// TestParserDifferentials: a message whose keys parsers may read apart
-// ("method" and "Method") or that does not parse is refused, never
-// forwarded: the server must never run a call the proxy did not decide.
+// pyServer is a stdio server as the Python SDK reads: universal newlines
+// (a CR ends a line too), keys matched exactly. It records every tools/call
+// it parses and answers every request.
+const pyServer = `
+import io, json, os, sys
+src = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline=None)
+for line in src:
+    try:
+        m = json.loads(line)
+    except Exception:
+        continue
+    if not isinstance(m, dict):
+        continue
+    if m.get("method") == "tools/call":
+        with open(os.environ["CALL_LOG"], "a") as f:
+            f.write(str(m.get("params", {}).get("name")) + " " + json.dumps(m.get("params", {}).get("arguments")) + "\n")
+    if "id" in m and "method" in m:
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {}}) + "\n")
+        sys.stdout.flush()
+`
+
+// TestParserDifferentials: the attacks that made the proxy decide one
+// message and forward another, against the official Go SDK's server and a
+// server that reads as Python's does. Folded duplicate keys are refused;
+// a call hidden between CRs inside an allowed ping reaches the server only
+// as the ping the proxy decided, re-encoded on one line.
 func TestParserDifferentials(t *testing.T) {
-	sock := serve(t)
-	callLog := filepath.Join(t.TempDir(), "calls")
-	cmd := exec.Command(condfsBin, "mcp", "proxy", "--socket", sock, "--context", "tui", "--", serverBin)
-	cmd.Env = append(os.Environ(), "CALL_LOG="+callLog)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { in.Close(); cmd.Wait() }()
-	r := bufio.NewReader(out)
-	for _, line := range []string{
-		`{"jsonrpc":"2.0","id":1,"method":"tools/call","Method":"ping","params":{"name":"secret","arguments":{}}}`,
-		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","Name":"secret","arguments":{}}}`,
-		`[{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"secret"}},`,
-	} {
-		fmt.Fprintln(in, line)
-		got, err := r.ReadString('\n')
-		if err != nil || !strings.Contains(got, "refused") {
-			t.Fatalf("%s: %q %v", line, got, err)
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("python3 is needed (CI installs it)")
 		}
+		t.Skip("no python3")
 	}
-	time.Sleep(200 * time.Millisecond)
-	if data, _ := os.ReadFile(callLog); len(data) != 0 {
-		t.Fatalf("the server ran %q", data)
+	py := filepath.Join(t.TempDir(), "server.py")
+	os.WriteFile(py, []byte(pyServer), 0o644)
+	sock := serve(t)
+	for name, server := range map[string][]string{"go-sdk": {serverBin}, "python": {python, py}} {
+		t.Run(name, func(t *testing.T) {
+			callLog := filepath.Join(t.TempDir(), "calls")
+			cmd := exec.Command(condfsBin, append([]string{"mcp", "proxy", "--socket", sock, "--context", "tui", "--"}, server...)...)
+			cmd.Env = append(os.Environ(), "CALL_LOG="+callLog)
+			in, _ := cmd.StdinPipe()
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { in.Close(); cmd.Wait() }()
+			r := bufio.NewReader(out)
+			send := func(line string) string {
+				t.Helper()
+				if _, err := in.Write([]byte(line + "\n")); err != nil {
+					t.Fatal(err)
+				}
+				got, err := r.ReadString('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			send(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+			in.Write([]byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}` + "\n"))
+			for _, line := range []string{
+				`{"jsonrpc":"2.0","id":1,"method":"tools/call","Method":"ping","params":{"name":"secret","arguments":{}}}`,
+				`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","Name":"secret","arguments":{}}}`,
+				`[{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"secret"}},`,
+				// The issue's attacks: U+017F folds onto 's' in encoding/json.
+				`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"secret","arguments":{}},"paramſ":{"name":"echo","arguments":{}}}`,
+				`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"},"argumentſ":{"text":"x"}}}`,
+				`{"jsonrpc":"2.0","id":6,"Method":"tools/call","params":{"name":"secret","arguments":{}}}`,
+				"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"ech\\ud800o\"}}",
+			} {
+				if got := send(line); !strings.Contains(got, "refused") {
+					t.Fatalf("%s: %q", line, got)
+				}
+			}
+			// One ping to the proxy, with a call between CRs: the server
+			// gets the ping on one line and answers it once.
+			hidden := "{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"ping\",\"params\":{\"x\":\r{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"tools/call\",\"params\":{\"name\":\"secret\",\"arguments\":{}}}\r}}"
+			if got := send(hidden); !strings.Contains(got, `"id":4`) {
+				t.Fatalf("ping: %q", got)
+			}
+			// An allowed call still runs.
+			if got := send(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"echo","arguments":{"text":"ok"}}}`); !strings.Contains(got, `"id":8`) {
+				t.Fatalf("echo: %q", got)
+			}
+			data, _ := os.ReadFile(callLog)
+			if calls := strings.Fields(string(data)); len(calls) == 0 || calls[0] != "echo" || strings.Contains(string(data), "secret") {
+				t.Fatalf("the server ran %q; want only the allowed echo", data)
+			}
+		})
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/jsonwire"
 )
 
 // maxHookInput bounds the hook's stdin: a tool call's input (a file
@@ -81,28 +81,33 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 	if len(data) > maxHookInput {
 		return deny("the hook input is over %d bytes", maxHookInput)
 	}
-	var in struct {
-		Event     *string         `json:"hook_event_name"`
-		ToolName  *string         `json:"tool_name"`
-		ToolInput json.RawMessage `json:"tool_input"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&in); err != nil {
+	// Read strictly and by exact keys (internal/jsonwire): Claude Code
+	// reads the input with JSON.parse, which matches keys exactly and reads
+	// numbers as float64; encoding/json would fold "tool_namE" onto
+	// "tool_name" and decide a tool other than the one that runs.
+	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true})
+	if err != nil {
 		return deny("malformed hook input: %v", err)
 	}
+	if in.Kind != jsonwire.Object {
+		return deny("malformed hook input: not a JSON object")
+	}
+	event, _ := in.Get("hook_event_name").Text()
+	tool, _ := in.Get("tool_name").Text()
+	input := in.Get("tool_input")
 	switch {
-	case in.Event == nil || *in.Event != "PreToolUse":
+	case event != "PreToolUse":
 		ev := "none"
-		if in.Event != nil {
-			ev = *in.Event
+		if event != "" {
+			ev = event
 		}
 		return deny("this hook decides PreToolUse events, not %q", ev)
-	case in.ToolName == nil || *in.ToolName == "":
+	case tool == "":
 		return deny("the hook input has no tool_name")
-	case len(in.ToolInput) == 0 || in.ToolInput[0] != '{':
+	case input == nil || input.Kind != jsonwire.Object:
 		return deny("tool_input must be a JSON object")
 	}
-	params := map[string]any{"tool": *in.ToolName, "args": in.ToolInput}
+	params := map[string]any{"tool": tool, "args": json.RawMessage(input.Bytes())}
 	if session != "" {
 		params["session"] = session
 	} else {
@@ -133,7 +138,7 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 	case "allow":
 		return "allow", "condfs: allowed by policy"
 	case "approval_required":
-		return "ask", "condfs: the policy requires approval for " + *in.ToolName
+		return "ask", "condfs: the policy requires approval for " + tool
 	case "deny":
 		if why == "" {
 			why = "denied by policy"

@@ -80,6 +80,9 @@ func TestClaudeCodeHook(t *testing.T) {
 		{"mcp-unknown.json", "deny", "denied"},
 		{"post-tool-use.json", "deny", "PreToolUse"},
 		{"malformed.json", "deny", "malformed"},
+		// Claude Code reads "tool_input" (exact keys); encoding/json folded
+		// the later "Tool_input" onto it and decided that one: allow.
+		{"read-folded-key.json", "deny", "duplicate key"},
 	} {
 		payload, err := os.ReadFile(filepath.Join("testdata/claude-code", tc.file))
 		if err != nil {

@@ -4,7 +4,10 @@
 //
 // Requests on one connection are answered in order; connections are served
 // concurrently, each by its own goroutine, so a slow or stalled client
-// holds up only itself and is cut off by its deadlines.
+// holds up only itself and is cut off by its deadlines. A connection's
+// peer is checked in the accept loop, before it takes a slot; root and the
+// daemon's uid always have slots kept for them, and every other uid has a
+// cap of its own (slots.go).
 package control
 
 import (
@@ -97,8 +100,16 @@ type Options struct {
 	IdleTimeout  time.Duration
 	WriteTimeout time.Duration
 	// MaxConns bounds the connections served at once (default 1024); one
-	// more gets an error line and is closed.
-	MaxConns int
+	// more gets an error line and is closed. An eighth of them (at least
+	// one) only root and the daemon's uid may take; MaxConnsPerUID
+	// (default an eighth, at least one) bounds each other uid. See
+	// slots.go.
+	MaxConns       int
+	MaxConnsPerUID int
+	// IdleGrace: while connections are short, one of a uid other than
+	// root and the daemon's that has been idle this long may be closed
+	// (default 10s).
+	IdleGrace time.Duration
 	// OnConn, if set, is told of each connection admitted; OnError of the
 	// code of each error answered (metrics).
 	OnConn  func()
@@ -108,12 +119,16 @@ type Options struct {
 // Server serves the control socket.
 type Server struct {
 	opts  Options
+	self  uint32 // the daemon's uid
 	ln    *net.UnixListener
 	wg    sync.WaitGroup
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	done  chan struct{}
-	once  sync.Once
+	slots slotTable // guarded by mu
+	// peerUID reads a connection's uid: peerCred, or a stand-in in
+	// tests that play several uids from one process.
+	peerUID func(*net.UnixConn) (uint32, error)
+	done    chan struct{}
+	once    sync.Once
 	// panics counts handlers that panicked.
 	panics atomic.Int64
 }
@@ -143,6 +158,12 @@ func Listen(opts Options) (*Server, error) {
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 1024
+	}
+	if opts.MaxConnsPerUID <= 0 {
+		opts.MaxConnsPerUID = defaultPerUID(opts.MaxConns)
+	}
+	if opts.IdleGrace <= 0 {
+		opts.IdleGrace = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -177,7 +198,13 @@ func Listen(opts Options) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}
-	return &Server{opts: opts, ln: ln, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}, nil
+	s := &Server{
+		opts: opts, self: uint32(os.Geteuid()), ln: ln, done: make(chan struct{}), peerUID: peerCred,
+		slots: newSlotTable(opts.MaxConns, opts.MaxConnsPerUID, opts.IdleGrace),
+	}
+	s.wg.Add(1)
+	go s.reapLoop()
+	return s, nil
 }
 
 // prepareDir makes sure the socket's directory exists and is the daemon's:
@@ -216,29 +243,54 @@ func (s *Server) Serve() error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		s.mu.Lock()
-		if len(s.conns) >= s.opts.MaxConns {
-			s.mu.Unlock()
-			s.opts.Logger.Warn("control connection refused: --max-conns reached", "max", s.opts.MaxConns)
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.onError(CodeBusy)
-				refuse(c, s.opts.WriteTimeout, Errorf(CodeBusy, "the daemon serves %d connections already (--max-conns); close one and retry", s.opts.MaxConns))
-			}()
-			continue
-		}
-		s.conns[c] = struct{}{}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveConn(c)
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-		}()
+		s.admit(c)
 	}
+}
+
+// admit checks c's peer credentials and gives it a slot and a goroutine,
+// or refuses it, without waiting on the peer.
+func (s *Server) admit(c *net.UnixConn) {
+	uid, err := s.peerUID(c)
+	if err != nil {
+		s.opts.Logger.Warn("control connection refused: no peer credentials", "err", err)
+		s.refuse(c, Errorf(CodeRefused, "the daemon cannot read this connection's peer credentials"))
+		return
+	}
+	priv := uid == 0 || uid == s.self
+	if !priv && !slices.Contains(s.opts.AllowUIDs, uid) {
+		s.opts.Logger.Warn("control connection refused", "uid", uid)
+		s.refuse(c, Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid))
+		return
+	}
+	s.mu.Lock()
+	select {
+	case <-s.done: // Close has closed every connection it knew
+		s.mu.Unlock()
+		c.Close()
+		return
+	default:
+	}
+	sl, victims, refusal := s.slots.admit(c, uid, priv, time.Now())
+	if refusal == nil {
+		s.wg.Add(1) // under mu: before Close can Wait
+	}
+	s.mu.Unlock()
+	s.closeEarly(victims, "idle, to make room")
+	if refusal != nil {
+		s.opts.Logger.Warn("control connection refused: no slot", "uid", uid, "reason", refusal.Message)
+		s.refuse(c, refusal)
+		return
+	}
+	if s.opts.OnConn != nil {
+		s.opts.OnConn()
+	}
+	go func() {
+		defer s.wg.Done()
+		s.serveConn(sl)
+		s.mu.Lock()
+		s.slots.release(sl)
+		s.mu.Unlock()
+	}()
 }
 
 // Close stops accepting, closes every connection, waits for their
@@ -249,8 +301,8 @@ func (s *Server) Close() error {
 		close(s.done)
 		err = s.ln.Close()
 		s.mu.Lock()
-		for c := range s.conns {
-			c.Close()
+		for sl := range s.slots.all {
+			sl.c.Close()
 		}
 		s.mu.Unlock()
 		s.wg.Wait()
@@ -258,29 +310,33 @@ func (s *Server) Close() error {
 	return err
 }
 
-// refuse answers one error line and closes the connection.
-func refuse(c net.Conn, timeout time.Duration, e *Error) {
+// refuse answers one error line and closes the connection, from the
+// accept loop: the write is bounded by refuseTimeout.
+func (s *Server) refuse(c net.Conn, e *Error) {
 	defer c.Close()
+	s.onError(e.Code)
 	b, _ := json.Marshal(response{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: e})
-	c.SetWriteDeadline(time.Now().Add(timeout))
+	c.SetWriteDeadline(time.Now().Add(refuseTimeout))
 	c.Write(append(b, '\n'))
 }
 
-// peerAllowed checks SO_PEERCRED before any request is read.
-func (s *Server) peerAllowed(c *net.UnixConn) (uint32, bool) {
+// peerCred reads the peer's uid from SO_PEERCRED.
+func peerCred(c *net.UnixConn) (uint32, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil || cerr != nil {
-		return 0, false
+	}); err != nil {
+		return 0, err
 	}
-	uid := cred.Uid
-	return uid, uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(s.opts.AllowUIDs, uid)
+	if cerr != nil {
+		return 0, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	return cred.Uid, nil
 }
 
 type request struct {
@@ -297,7 +353,8 @@ type response struct {
 	Error   *Error          `json:"error,omitempty"`
 }
 
-func (s *Server) serveConn(c *net.UnixConn) {
+func (s *Server) serveConn(sl *slot) {
+	c := sl.c
 	defer c.Close()
 	w := bufio.NewWriter(c)
 	send := func(resp response) bool {
@@ -320,17 +377,8 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		w.WriteByte('\n')
 		return w.Flush() == nil
 	}
-	uid, ok := s.peerAllowed(c)
-	if !ok {
-		s.opts.Logger.Warn("control connection refused", "uid", uid)
-		send(response{Error: Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid)})
-		return
-	}
-	if s.opts.OnConn != nil {
-		s.opts.OnConn()
-	}
 	r := bufio.NewReaderSize(c, 64<<10)
-	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), uid))
+	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), sl.uid))
 	defer cancel()
 	for {
 		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
@@ -350,8 +398,13 @@ func (s *Server) serveConn(c *net.UnixConn) {
 			}
 			continue
 		}
+		if !s.begin(sl) {
+			return // closed early: a request that came too late is not served
+		}
 		resp, reply := s.handle(ctx, line)
-		if reply && !send(resp) {
+		sent := !reply || send(resp)
+		s.end(sl)
+		if !sent {
 			return
 		}
 		if err != nil {

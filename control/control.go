@@ -23,7 +23,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,8 +126,12 @@ type Server struct {
 	// peerUID reads a connection's uid: peerCred, or a stand-in in
 	// tests that play several uids from one process.
 	peerUID func(*net.UnixConn) (uint32, error)
-	done    chan struct{}
-	once    sync.Once
+	// refusals: when each uid's refused connection was last logged, and
+	// how many since were not.
+	logMu    sync.Mutex
+	refusals map[uint32]refusalLog
+	done     chan struct{}
+	once     sync.Once
 	// panics counts handlers that panicked.
 	panics atomic.Int64
 }
@@ -200,7 +203,8 @@ func Listen(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, self: uint32(os.Geteuid()), ln: ln, done: make(chan struct{}), peerUID: peerCred,
-		slots: newSlotTable(opts.MaxConns, opts.MaxConnsPerUID, opts.IdleGrace),
+		slots:    newSlotTable(opts.MaxConns, opts.MaxConnsPerUID, opts.IdleGrace),
+		refusals: map[uint32]refusalLog{},
 	}
 	s.wg.Add(1)
 	go s.reapLoop()
@@ -247,52 +251,6 @@ func (s *Server) Serve() error {
 	}
 }
 
-// admit checks c's peer credentials and gives it a slot and a goroutine,
-// or refuses it, without waiting on the peer.
-func (s *Server) admit(c *net.UnixConn) {
-	uid, err := s.peerUID(c)
-	if err != nil {
-		s.opts.Logger.Warn("control connection refused: no peer credentials", "err", err)
-		s.refuse(c, Errorf(CodeRefused, "the daemon cannot read this connection's peer credentials"))
-		return
-	}
-	priv := uid == 0 || uid == s.self
-	if !priv && !slices.Contains(s.opts.AllowUIDs, uid) {
-		s.opts.Logger.Warn("control connection refused", "uid", uid)
-		s.refuse(c, Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid))
-		return
-	}
-	s.mu.Lock()
-	select {
-	case <-s.done: // Close has closed every connection it knew
-		s.mu.Unlock()
-		c.Close()
-		return
-	default:
-	}
-	sl, victims, refusal := s.slots.admit(c, uid, priv, time.Now())
-	if refusal == nil {
-		s.wg.Add(1) // under mu: before Close can Wait
-	}
-	s.mu.Unlock()
-	s.closeEarly(victims, "idle, to make room")
-	if refusal != nil {
-		s.opts.Logger.Warn("control connection refused: no slot", "uid", uid, "reason", refusal.Message)
-		s.refuse(c, refusal)
-		return
-	}
-	if s.opts.OnConn != nil {
-		s.opts.OnConn()
-	}
-	go func() {
-		defer s.wg.Done()
-		s.serveConn(sl)
-		s.mu.Lock()
-		s.slots.release(sl)
-		s.mu.Unlock()
-	}()
-}
-
 // Close stops accepting, closes every connection, waits for their
 // goroutines and removes the socket file.
 func (s *Server) Close() error {
@@ -308,16 +266,6 @@ func (s *Server) Close() error {
 		s.wg.Wait()
 	})
 	return err
-}
-
-// refuse answers one error line and closes the connection, from the
-// accept loop: the write is bounded by refuseTimeout.
-func (s *Server) refuse(c net.Conn, e *Error) {
-	defer c.Close()
-	s.onError(e.Code)
-	b, _ := json.Marshal(response{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: e})
-	c.SetWriteDeadline(time.Now().Add(refuseTimeout))
-	c.Write(append(b, '\n'))
 }
 
 // peerCred reads the peer's uid from SO_PEERCRED.

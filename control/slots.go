@@ -1,7 +1,9 @@
 package control
 
 import (
+	"encoding/json"
 	"net"
+	"slices"
 	"time"
 )
 
@@ -197,4 +199,90 @@ func (s *Server) end(sl *slot) {
 	s.mu.Lock()
 	sl.busy, sl.idleSince = false, time.Now()
 	s.mu.Unlock()
+}
+
+// admit checks c's peer credentials and gives it a slot and a goroutine,
+// or refuses it, without waiting on the peer.
+func (s *Server) admit(c *net.UnixConn) {
+	uid, err := s.peerUID(c)
+	if err != nil {
+		s.logRefusal(^uint32(0), "control connection refused: no peer credentials", "err", err)
+		s.refuse(c, Errorf(CodeRefused, "the daemon cannot read this connection's peer credentials"))
+		return
+	}
+	priv := uid == 0 || uid == s.self
+	if !priv && !slices.Contains(s.opts.AllowUIDs, uid) {
+		s.logRefusal(uid, "control connection refused: uid not admitted")
+		s.refuse(c, Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid))
+		return
+	}
+	s.mu.Lock()
+	select {
+	case <-s.done: // Close has closed every connection it knew
+		s.mu.Unlock()
+		c.Close()
+		return
+	default:
+	}
+	sl, victims, refusal := s.slots.admit(c, uid, priv, time.Now())
+	if refusal == nil {
+		s.wg.Add(1) // under mu: before Close can Wait
+	}
+	s.mu.Unlock()
+	s.closeEarly(victims, "idle, to make room")
+	if refusal != nil {
+		s.logRefusal(uid, "control connection refused: no slot", "reason", refusal.Message)
+		s.refuse(c, refusal)
+		return
+	}
+	if s.opts.OnConn != nil {
+		s.opts.OnConn()
+	}
+	go func() {
+		defer s.wg.Done()
+		s.serveConn(sl)
+		s.mu.Lock()
+		s.slots.release(sl)
+		s.mu.Unlock()
+	}()
+}
+
+// refuse answers one error line and closes the connection, from the
+// accept loop: the write is bounded by refuseTimeout.
+func (s *Server) refuse(c net.Conn, e *Error) {
+	defer c.Close()
+	s.onError(e.Code)
+	b, _ := json.Marshal(response{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: e})
+	c.SetWriteDeadline(time.Now().Add(refuseTimeout))
+	c.Write(append(b, '\n'))
+}
+
+type refusalLog struct {
+	last    time.Time
+	skipped int
+}
+
+// logRefusal logs a refused connection at most once a second per uid (the
+// next line counts those left out): a flood of connections must not
+// become a flood of the log. The socket-error metric counts every one.
+func (s *Server) logRefusal(uid uint32, msg string, args ...any) {
+	now := time.Now()
+	s.logMu.Lock()
+	r := s.refusals[uid]
+	if !r.last.IsZero() && now.Sub(r.last) < time.Second {
+		r.skipped++
+		s.refusals[uid] = r
+		s.logMu.Unlock()
+		return
+	}
+	s.refusals[uid] = refusalLog{last: now}
+	if len(s.refusals) > 1024 {
+		for u, l := range s.refusals {
+			if now.Sub(l.last) >= time.Second {
+				delete(s.refusals, u)
+			}
+		}
+	}
+	s.logMu.Unlock()
+	s.opts.Logger.Warn(msg, append(args, "uid", uid, "suppressed", r.skipped)...)
 }

@@ -3,10 +3,13 @@ package control
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -271,4 +274,34 @@ func TestSlotsIdleReaped(t *testing.T) {
 	if got, err := bufio.NewReader(halves[1]).ReadString('\n'); !strings.Contains(got, `"result"`) {
 		t.Fatalf("the second half line, below the pressure: %q %v", got, err)
 	}
+}
+
+// TestRefusalsLogged: a flood of refused connections is logged at most
+// once a second per uid, each line counting those left out.
+func TestRefusalsLogged(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	_, dial := serveUIDs(t, Options{Logger: logger})
+	const n = 50
+	for i := 0; i < n; i++ {
+		refusedWith(t, "uid 4242", dial(4242), "-32010")
+	}
+	mu.Lock()
+	lines := strings.Count(buf.String(), "uid not admitted")
+	mu.Unlock()
+	if lines == 0 || lines >= n {
+		t.Fatalf("%d refusals logged in %d lines; want at most one a second", n, lines)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -4,7 +4,10 @@
 //
 // Requests on one connection are answered in order; connections are served
 // concurrently, each by its own goroutine, so a slow or stalled client
-// holds up only itself and is cut off by its deadlines.
+// holds up only itself and is cut off by its deadlines. A connection's
+// peer is checked in the accept loop, before it takes a slot; root and the
+// daemon's uid always have slots kept for them, and every other uid has a
+// cap of its own (slots.go).
 package control
 
 import (
@@ -20,7 +23,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,8 +100,16 @@ type Options struct {
 	IdleTimeout  time.Duration
 	WriteTimeout time.Duration
 	// MaxConns bounds the connections served at once (default 1024); one
-	// more gets an error line and is closed.
-	MaxConns int
+	// more gets an error line and is closed. An eighth of them (at least
+	// one) only root and the daemon's uid may take; MaxConnsPerUID
+	// (default an eighth, at least one) bounds each other uid. See
+	// slots.go.
+	MaxConns       int
+	MaxConnsPerUID int
+	// IdleGrace: while connections are short, one of a uid other than
+	// root and the daemon's that has been idle this long may be closed
+	// (default 10s).
+	IdleGrace time.Duration
 	// OnConn, if set, is told of each connection admitted; OnError of the
 	// code of each error answered (metrics).
 	OnConn  func()
@@ -109,12 +119,20 @@ type Options struct {
 // Server serves the control socket.
 type Server struct {
 	opts  Options
+	self  uint32 // the daemon's uid
 	ln    *net.UnixListener
 	wg    sync.WaitGroup
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	done  chan struct{}
-	once  sync.Once
+	slots slotTable // guarded by mu
+	// peerUID reads a connection's uid: peerCred, or a stand-in in
+	// tests that play several uids from one process.
+	peerUID func(*net.UnixConn) (uint32, error)
+	// refusals: when each uid's refused connection was last logged, and
+	// how many since were not.
+	logMu    sync.Mutex
+	refusals map[uint32]refusalLog
+	done     chan struct{}
+	once     sync.Once
 	// panics counts handlers that panicked.
 	panics atomic.Int64
 }
@@ -144,6 +162,12 @@ func Listen(opts Options) (*Server, error) {
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 1024
+	}
+	if opts.MaxConnsPerUID <= 0 {
+		opts.MaxConnsPerUID = defaultPerUID(opts.MaxConns)
+	}
+	if opts.IdleGrace <= 0 {
+		opts.IdleGrace = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -178,7 +202,14 @@ func Listen(opts Options) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}
-	return &Server{opts: opts, ln: ln, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}, nil
+	s := &Server{
+		opts: opts, self: uint32(os.Geteuid()), ln: ln, done: make(chan struct{}), peerUID: peerCred,
+		slots:    newSlotTable(opts.MaxConns, opts.MaxConnsPerUID, opts.IdleGrace),
+		refusals: map[uint32]refusalLog{},
+	}
+	s.wg.Add(1)
+	go s.reapLoop()
+	return s, nil
 }
 
 // prepareDir makes sure the socket's directory exists and is the daemon's:
@@ -217,28 +248,7 @@ func (s *Server) Serve() error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		s.mu.Lock()
-		if len(s.conns) >= s.opts.MaxConns {
-			s.mu.Unlock()
-			s.opts.Logger.Warn("control connection refused: --max-conns reached", "max", s.opts.MaxConns)
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.onError(CodeBusy)
-				refuse(c, s.opts.WriteTimeout, Errorf(CodeBusy, "the daemon serves %d connections already (--max-conns); close one and retry", s.opts.MaxConns))
-			}()
-			continue
-		}
-		s.conns[c] = struct{}{}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveConn(c)
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-		}()
+		s.admit(c)
 	}
 }
 
@@ -250,8 +260,8 @@ func (s *Server) Close() error {
 		close(s.done)
 		err = s.ln.Close()
 		s.mu.Lock()
-		for c := range s.conns {
-			c.Close()
+		for sl := range s.slots.all {
+			sl.c.Close()
 		}
 		s.mu.Unlock()
 		s.wg.Wait()
@@ -259,29 +269,23 @@ func (s *Server) Close() error {
 	return err
 }
 
-// refuse answers one error line and closes the connection.
-func refuse(c net.Conn, timeout time.Duration, e *Error) {
-	defer c.Close()
-	b, _ := json.Marshal(response{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: e})
-	c.SetWriteDeadline(time.Now().Add(timeout))
-	c.Write(append(b, '\n'))
-}
-
-// peerAllowed checks SO_PEERCRED before any request is read.
-func (s *Server) peerAllowed(c *net.UnixConn) (uint32, bool) {
+// peerCred reads the peer's uid from SO_PEERCRED.
+func peerCred(c *net.UnixConn) (uint32, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil || cerr != nil {
-		return 0, false
+	}); err != nil {
+		return 0, err
 	}
-	uid := cred.Uid
-	return uid, uid == 0 || uid == uint32(os.Geteuid()) || slices.Contains(s.opts.AllowUIDs, uid)
+	if cerr != nil {
+		return 0, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	return cred.Uid, nil
 }
 
 type request struct {
@@ -298,7 +302,8 @@ type response struct {
 	Error   *Error          `json:"error,omitempty"`
 }
 
-func (s *Server) serveConn(c *net.UnixConn) {
+func (s *Server) serveConn(sl *slot) {
+	c := sl.c
 	defer c.Close()
 	w := bufio.NewWriter(c)
 	send := func(resp response) bool {
@@ -321,17 +326,8 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		w.WriteByte('\n')
 		return w.Flush() == nil
 	}
-	uid, ok := s.peerAllowed(c)
-	if !ok {
-		s.opts.Logger.Warn("control connection refused", "uid", uid)
-		send(response{Error: Errorf(CodeRefused, "uid %d may not use this socket; ask the operator to add --allow-uid %d", uid, uid)})
-		return
-	}
-	if s.opts.OnConn != nil {
-		s.opts.OnConn()
-	}
 	r := bufio.NewReaderSize(c, 64<<10)
-	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), uid))
+	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), sl.uid))
 	defer cancel()
 	for {
 		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
@@ -351,8 +347,13 @@ func (s *Server) serveConn(c *net.UnixConn) {
 			}
 			continue
 		}
+		if !s.begin(sl) {
+			return // closed early: a request that came too late is not served
+		}
 		resp, reply := s.handle(ctx, line)
-		if reply && !send(resp) {
+		sent := !reply || send(resp)
+		s.end(sl)
+		if !sent {
 			return
 		}
 		if err != nil {

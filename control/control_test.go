@@ -147,7 +147,7 @@ func TestStalledClientsAreCut(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		s.mu.Lock()
-		n := len(s.conns)
+		n := len(s.slots.all)
 		s.mu.Unlock()
 		if n <= 1 {
 			break

@@ -48,8 +48,11 @@ type Config struct {
 	// MountRoot is where peers other than root and the daemon's uid may
 	// have the daemon create their mountpoints (default /run/condfs/views).
 	MountRoot string
-	// MaxConns bounds the socket's connections (default 1024).
-	MaxConns int
+	// MaxConns bounds the socket's connections (default 1024);
+	// MaxConnsPerUID bounds each uid other than root and the daemon's
+	// (default MaxConns/8). See control.Options.
+	MaxConns       int
+	MaxConnsPerUID int
 	// HubDir, if set, is where a root daemon mounts the one FUSE
 	// connection that serves every session (fsys.Hub); each view is then a
 	// bind mount of it. "" mounts a connection per session.
@@ -207,7 +210,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.restoreState()
 	srv, err := control.Listen(control.Options{
 		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
-		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns,
+		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns, MaxConnsPerUID: cfg.MaxConnsPerUID,
 		OnConn: d.metrics.Conn, OnError: d.metrics.SocketError,
 	})
 	if err != nil {

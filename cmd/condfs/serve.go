@@ -56,7 +56,8 @@ unmount every view and remove the socket.`, stderr)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	allowOther := fs.Bool("allow-other", os.Geteuid() == 0, "let users other than the daemon's reach the views (root only: the daemon then acts as each caller; each view still admits only its owner)")
 	mountRoot := fs.String("mount-root", filepath.Join(runDir(), "views"), "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
-	maxConns := fs.Int("max-conns", 1024, "most control connections served at once")
+	maxConns := fs.Int("max-conns", 1024, "most control connections served at once; an eighth of them is kept for root and the daemon's uid")
+	maxConnsPerUID := fs.Int("max-conns-per-uid", 0, "most control connections of one uid other than root and the daemon's (default: max-conns/8); while connections are short, such a uid's connections idle for 10s are closed, the uid holding the most first")
 	stateDir := fs.String("state-dir", "", "where sessions are kept across crashes and restarts (default: the socket's directory; \"none\" keeps none)")
 	connections := fs.String("connections", defaultConnections(), "shared: one FUSE connection serves every session, each view a bind mount of it (root only; threads stay bounded at thousands of sessions); per-session: a connection per view")
 	hubDir := fs.String("hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
@@ -91,6 +92,9 @@ unmount every view and remove the socket.`, stderr)
 	group, err := control.SocketGroup(*socketGroup)
 	if err != nil {
 		return usageErr(stderr, fs, "%v", err)
+	}
+	if *maxConns < 0 || *maxConnsPerUID < 0 {
+		return usageErr(stderr, fs, "--max-conns and --max-conns-per-uid must not be negative")
 	}
 	var first *cctx.Set
 	if *mount != "" {
@@ -156,7 +160,7 @@ unmount every view and remove the socket.`, stderr)
 		Memories: *memories, Workspace: *workspace,
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
-		MountRoot: *mountRoot, MaxConns: *maxConns, StateDir: *stateDir,
+		MountRoot: *mountRoot, MaxConns: *maxConns, MaxConnsPerUID: *maxConnsPerUID, StateDir: *stateDir,
 		HubDir: *hubDir, MaxSessions: *maxSessions, Metrics: *metricsAddr, CacheTTL: *cacheTTL,
 		Logger: logger, Audit: auditLog,
 	}

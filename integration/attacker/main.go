@@ -18,7 +18,7 @@ import (
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: attacker creat|ioctl|cat|chmod|exchange|hold|mmap PATH [ARG]")
+		fmt.Fprintln(os.Stderr, "usage: attacker creat|ioctl|cat|chmod|exchange|hold|mmap|flood PATH [ARG]")
 		os.Exit(2)
 	}
 	p := os.Args[2]
@@ -78,6 +78,8 @@ func main() {
 		mapped(p)
 	case "shell": // one command per line on stdin, one answer line each
 		shell(os.Stdin, os.Stdout)
+	case "flood": // flood SOCKET N: open N control connections and hold them
+		flood(floodArgs())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown subcommand")
 		os.Exit(2)

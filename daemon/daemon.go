@@ -100,6 +100,7 @@ type Daemon struct {
 	// restoreErrors are the sessions the state file named that could not
 	// be restored at start.
 	restoreErrors []string
+	restored      int // sessions restored at start
 	closing       atomic.Bool
 	denials       denialLimiter
 
@@ -208,6 +209,14 @@ func New(cfg Config) (*Daemon, error) {
 		}
 	}
 	d.restoreState()
+	if d.restored > 0 {
+		// Descriptors opened through the views before the crash (or stop)
+		// are on a connection that is gone, and nothing can cut them off:
+		// the kernel reads their cached pages until their attributes lapse
+		// (a ruled file's last fsys.DefaultAttrTimeout). No switch is
+		// taken before they have.
+		time.Sleep(fsys.DefaultAttrTimeout)
+	}
 	srv, err := control.Listen(control.Options{
 		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
 		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns, MaxConnsPerUID: cfg.MaxConnsPerUID,

@@ -152,6 +152,7 @@ func (d *Daemon) restoreState() {
 			os.Remove(p) // reported once; a later start does not retry it
 			continue
 		}
+		d.restored++
 		d.log.Info("session restored", "session", s.ID, "mount", s.Mount, "atoms", s.Atoms)
 	}
 }

@@ -102,7 +102,7 @@ func NewHub(o HubOptions) (*Hub, error) {
 		return nil, errors.New("fsys: a hub needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
 	}
 	if o.AttrTimeout == 0 {
-		o.AttrTimeout = time.Second
+		o.AttrTimeout = DefaultAttrTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

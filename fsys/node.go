@@ -336,7 +336,7 @@ func (n *node) newChild(ctx context.Context, st *unix.Stat_t, path string, ruled
 	w := n.view.opts.Watcher
 	if ttl := w.ttlFor(n); ttl > 0 {
 		out.SetEntryTimeout(ttl)
-		if !ruled || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if !ruled { // see attrTTL
 			out.SetAttrTimeout(ttl)
 		}
 	}
@@ -459,11 +459,17 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 
 // attrTTL is how long the kernel may keep n's attributes: long when a
 // watch reports its changes (its directory's; a directory's own), else 0
-// (the default). A ruled directory's stay short: a switch drops its entry,
-// but a process whose cwd it is stats it without a lookup.
+// (the default, DefaultAttrTimeout). A ruled node's stay short. A ruled
+// directory: a switch drops its entry, but a process whose cwd it is stats
+// it without a lookup. A ruled file: the kernel reads an open file's cached
+// pages, and lists a listed directory's cache, without asking the daemon
+// until its attributes lapse (FUSE_AUTO_INVAL_DATA); if the daemon dies,
+// nothing else cuts such a descriptor off, so it must fail (ENOTCONN)
+// within DefaultAttrTimeout of the crash (the daemon waits that long
+// before it serves restored sessions).
 func (n *node) attrTTL(isDir, ruled bool) time.Duration {
 	w := n.view.opts.Watcher
-	if w == nil || (ruled && isDir) {
+	if w == nil || ruled {
 		return 0
 	}
 	dir := n

@@ -80,7 +80,7 @@ type Options struct {
 	Owner     uint32
 	AllowUIDs []uint32
 	// AttrTimeout is the kernel's positive entry and attribute cache
-	// time; 0 means 1s.
+	// time; 0 means DefaultAttrTimeout.
 	AttrTimeout time.Duration
 	// OnDeny, if set, is told of every path the rules deny to a request
 	// that names it (lookup, mutation, or I/O on a revoked handle), for
@@ -146,6 +146,13 @@ type View struct {
 
 // views are every live view of this process: a rename through one of them
 // re-decides the open handles of all (they may share backing trees).
+// DefaultAttrTimeout is how long the kernel keeps what no watch keeps
+// fresh: entries and attributes of ruled names among them. After the daemon
+// dies, descriptors opened before still read cached pages until their
+// file's attributes lapse: a restarted daemon waits this long before it
+// serves the sessions it restores.
+const DefaultAttrTimeout = time.Second
+
 var views struct {
 	sync.Mutex
 	set map[*View]struct{}
@@ -190,7 +197,7 @@ func newView(opts Options) (*View, error) {
 		return nil, errors.New("fsys: allow_other needs a root daemon: one that cannot act as its callers serves its own uid only")
 	}
 	if opts.AttrTimeout == 0 {
-		opts.AttrTimeout = time.Second
+		opts.AttrTimeout = DefaultAttrTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

@@ -110,8 +110,7 @@ type session struct {
 
 	switchMu  sync.Mutex // one context switch at a time
 	stateMu   sync.Mutex
-	stateFile *os.File // its state file (state.go), kept open
-	stateSize int
+	stateSize int // its state file's size (state.go); 0 before the first write
 }
 
 var sessionIDRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)

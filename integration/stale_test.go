@@ -143,3 +143,37 @@ func TestStaleClearedForItsPeer(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleClearedOnRestore: after kill -9, the next start clears the
+// dead view a peer that is neither root nor the daemon's uid had on its own
+// directory, under that peer's mountpoint rules, and restores the session.
+func TestStaleClearedOnRestore(t *testing.T) {
+	h := openHome(t, "")
+	h.write("workspace/hello.md", "hello")
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	mine := h.path("mine")
+	os.Mkdir(mine, 0o755)
+	os.Chown(mine, nobody, nobody)
+	ctl := func(d *daemon, args ...string) string {
+		return asNobody(t, append([]string{"condfs", "ctl", "--socket", d.socket}, args...)...)
+	}
+	if out := ctl(d, "open", "mine", mine, "--context", "tui"); !strings.Contains(out, "mounted at") {
+		t.Fatalf("session.open on its own directory: %s", out)
+	}
+	d.cmd.Process.Signal(unix.SIGKILL)
+	<-d.exited
+	os.Remove(d.socket)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(mine, &sfs); err != unix.ENOTCONN {
+		t.Fatalf("statfs on the crashed view: %v, want ENOTCONN", err)
+	}
+	d2 := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(d2.socket), 0o755)
+	if out := asNobody(t, "cat", mine+"/workspace/hello.md"); out != `read "hello"` {
+		t.Fatalf("the restored view: %s\n%s", out, tail(d2.log(), 20))
+	}
+	if out := ctl(d2, "close", "mine"); !strings.Contains(out, "closed") {
+		t.Fatalf("close the restored session: %s", out)
+	}
+}

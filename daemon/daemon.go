@@ -18,14 +18,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/condfs/condfs/acl"
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/fsys"
-	"github.com/condfs/condfs/internal/safepath"
 	"github.com/condfs/condfs/metrics"
 )
 
@@ -117,8 +114,7 @@ type session struct {
 
 	switchMu  sync.Mutex // one context switch at a time
 	stateMu   sync.Mutex
-	stateFile *os.File // its state file (state.go), kept open
-	stateSize int
+	stateSize int // its state file's size (state.go); 0 before the first write
 }
 
 var sessionIDRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -340,82 +336,6 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	d.saveSession(s, r.atoms)
 	d.mu.Lock()
 	return v, nil
-}
-
-// mountView confines the mountpoint (conditions.md, "Authority") and mounts.
-func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Error) {
-	if err := fsys.ClearStale(mount); err != nil {
-		return nil, control.Errorf(control.CodeMount, "%v", err)
-	}
-	fd, cerr := d.mountpoint(r.peer, mount)
-	if cerr != nil {
-		return nil, cerr
-	}
-	defer unix.Close(fd)
-	id := r.id
-	v, err := fsys.Mount(fsys.Options{
-		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
-		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
-		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
-		Logger: d.log, Hub: d.hub, Observe: d.fuseObserver(), Watcher: d.watcher,
-		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
-			d.auditPath(id, atoms, sp, p, op)
-		},
-	})
-	if err != nil {
-		return nil, control.Errorf(control.CodeMount, "mount %s: %v", mount, err)
-	}
-	return v, nil
-}
-
-// mountpoint opens the directory a view is to be mounted on, without
-// following a symlink in any component. Root and the daemon's uid mount
-// where they name (missing directories are created). Any other peer mounts
-// on an empty directory it owns, or under MountRoot, where the daemon makes
-// the directory itself; the daemon creates nothing elsewhere for it.
-func (d *Daemon) mountpoint(peer uint32, mount string) (int, *control.Error) {
-	under := filepath.Dir(mount) == filepath.Clean(d.cfg.MountRoot)
-	switch {
-	case privileged(peer):
-		if err := safepath.MkdirAll(mount, 0o755); err != nil {
-			return -1, control.Errorf(control.CodeMount, "create mountpoint: %v", err)
-		}
-	case under:
-		if err := safepath.MkdirAll(d.cfg.MountRoot, 0o755); err != nil {
-			return -1, control.Errorf(control.CodeMount, "create --mount-root: %v", err)
-		}
-		if err := unix.Mkdir(mount, 0o700); err != nil && err != unix.EEXIST {
-			return -1, control.Errorf(control.CodeMount, "create mountpoint %s: %v", mount, err)
-		}
-	}
-	fd, err := safepath.OpenDir(mount)
-	if err != nil {
-		return -1, control.Errorf(control.CodeMount, "mountpoint: %v", err)
-	}
-	if privileged(peer) {
-		return fd, nil
-	}
-	fail := func(format string, args ...any) (int, *control.Error) {
-		unix.Close(fd)
-		return -1, control.Errorf(control.CodeForbidden, format, args...)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fail("mountpoint %s: %v", mount, err)
-	}
-	if st.Uid != peer && !(under && st.Uid == uint32(os.Geteuid())) {
-		return fail("mountpoint %s is owned by uid %d: uid %d may mount only on an empty directory it owns, or under %s", mount, st.Uid, peer, d.cfg.MountRoot)
-	}
-	if empty, err := safepath.Empty(fd); err != nil || !empty {
-		return fail("mountpoint %s must be an empty directory", mount)
-	}
-	if under && st.Uid != peer {
-		// The daemon made it: give it to the peer, through the fd.
-		if err := unix.Fchownat(fd, "", int(peer), -1, unix.AT_EMPTY_PATH); err != nil {
-			return fail("mountpoint %s: %v", mount, err)
-		}
-	}
-	return fd, nil
 }
 
 func (d *Daemon) closeSession(id string) error {

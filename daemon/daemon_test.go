@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/condfs/condfs/control"
 )
@@ -231,5 +232,25 @@ func TestPanicInADecision(t *testing.T) {
 	var st struct{ Panics map[string]int64 }
 	if err := c.Call("status", map[string]any{}, &st); err != nil || st.Panics["control"] != 1 {
 		t.Fatalf("status panics: %v %v", st.Panics, err)
+	}
+}
+
+// TestDefaultMaxSessionsFits: a node whose descriptor limit is 20,000 (a
+// container that cannot raise it) serves 10,000 sessions on the shared
+// connection by default; TestSessionDescriptors measures what they hold.
+func TestDefaultMaxSessionsFits(t *testing.T) {
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Max < 20000 {
+		t.Fatalf("the hard descriptor limit is %d: this test needs 20,000", r.Max)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 20000, Max: r.Max}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &r)
+	if n := DefaultMaxSessions(true); n < 10000 {
+		t.Fatalf("DefaultMaxSessions under 20,000 descriptors: %d, want >= 10,000", n)
 	}
 }

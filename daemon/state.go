@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/internal/configfile"
@@ -24,11 +27,15 @@ import (
 //
 // The state is written before the request that changed it is answered, so
 // a crash never restores an older (possibly more permissive) context than
-// the last one answered. Each write is one pwrite of a whole record padded
-// to a multiple of 4 KiB over a file kept open: a crash cannot tear it (a
-// process dies between system calls, not inside one), so there is no
-// temporary file, no rename and no fsync on the context switch path; a
-// power cut ends every mount and agent anyway.
+// the last one answered; a write that fails removes the file instead (the
+// session is then lost to a crash, never restored wider). Each write is one
+// pwrite of a whole record padded to a multiple of 4 KiB, never shorter
+// than the last: a crash cannot tear it (a process dies between system
+// calls, not inside one), so there is no temporary file, no rename and no
+// fsync on the context switch path; a power cut ends every mount and agent
+// anyway. The file is opened for each write and closed after it: a session
+// holds no descriptor of its own (on a shared connection, none at all), so
+// the descriptor limit bounds open files, not sessions (limits.go).
 
 // savedSession is one session's state.
 type savedSession struct {
@@ -59,17 +66,15 @@ func (d *Daemon) saveSession(s *session, atoms cctx.Set) {
 	}
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.stateFile == nil {
+	p := filepath.Join(dir, s.id+".json")
+	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if s.stateSize == 0 {
+		// A new session: nothing of a former one by this id stays.
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			d.log.Error("session state", "dir", dir, "err", err)
+			d.log.Error("session state: a crash now would lose this session", "session", s.id, "dir", dir, "err", err)
 			return
 		}
-		f, err := os.OpenFile(filepath.Join(dir, s.id+".json"), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-		if err != nil {
-			d.log.Error("session state: a crash now would lose this session", "session", s.id, "err", err)
-			return
-		}
-		s.stateFile = f
+		flags |= unix.O_TRUNC
 	}
 	rec, _ := json.Marshal(savedSession{
 		ID: s.id, Mount: s.mount, Peer: s.peer, Owner: s.owner, AllowUIDs: s.allowUIDs, Atoms: atoms.Atoms(),
@@ -81,22 +86,34 @@ func (d *Daemon) saveSession(s *session, atoms cctx.Set) {
 		buf[i] = ' '
 	}
 	buf[size-1] = '\n'
-	if _, err := s.stateFile.WriteAt(buf, 0); err != nil {
-		d.log.Error("session state: a crash now would lose the latest change", "session", s.id, "err", err)
+	// Raw system calls, as os.OpenFile would double the cost (measured on
+	// ext4: a save takes about 6 µs this way, 13 µs through os.File, 2 µs
+	// as a pwrite on a file kept open).
+	fd, err := unix.Open(p, flags, 0o600)
+	if err == nil {
+		var n int
+		if n, err = unix.Pwrite(fd, buf, 0); err == nil && n < len(buf) {
+			err = io.ErrShortWrite
+		}
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		// Fail closed: an older, possibly wider context must not come back.
+		os.Remove(p)
+		s.stateSize = 0
+		d.log.Error("session state: a crash now would lose this session", "session", s.id, "err", err)
 		return
 	}
 	s.stateSize = size
 }
 
 // dropSession forgets s's state: removed when a client closed the
-// session, kept (closed only) when the daemon stops.
+// session, kept when the daemon stops.
 func (d *Daemon) dropSession(s *session, remove bool) {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.stateFile != nil {
-		s.stateFile.Close()
-		s.stateFile = nil
-	}
 	if remove && d.stateDir() != "" {
 		os.Remove(filepath.Join(d.stateDir(), s.id+".json"))
 	}

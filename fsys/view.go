@@ -33,8 +33,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,14 +156,16 @@ var views struct {
 	set map[*View]struct{}
 }
 
-// Mount builds a view and mounts it. A mountpoint left stale by a crashed
-// daemon (ENOTCONN) is cleared first.
+// Mount builds a view and mounts it. Without Options.MountFD, a
+// mountpoint left stale by a crashed daemon (ENOTCONN) is cleared first;
+// with it, the caller has confined and cleared the mountpoint, and a dead
+// or live FUSE mount there is an error.
 func Mount(opts Options) (*View, error) {
 	v, err := newView(opts)
 	if err != nil {
 		return nil, err
 	}
-	if err := ClearStale(opts.Mountpoint); err != nil {
+	if err := checkMountpoint(opts); err != nil {
 		v.closeBacking()
 		return nil, err
 	}
@@ -185,6 +185,21 @@ func Mount(opts Options) (*View, error) {
 	views.set[v] = struct{}{}
 	views.Unlock()
 	return v, nil
+}
+
+func checkMountpoint(opts Options) error {
+	if opts.MountFD <= 0 {
+		return ClearStale(opts.Mountpoint)
+	}
+	switch state, err := Probe(opts.MountFD); {
+	case err != nil:
+		return fmt.Errorf("%s: %w", opts.Mountpoint, err)
+	case state == LiveFUSE:
+		return fmt.Errorf("%s is already a live FUSE mount; unmount it or pick another mountpoint", opts.Mountpoint)
+	case state == DeadFUSE:
+		return fmt.Errorf("%s is a dead FUSE mount", opts.Mountpoint)
+	}
+	return nil
 }
 
 // newView builds a view's node tree over its backing directories without
@@ -831,56 +846,4 @@ func (v *View) unmountOwn() error {
 		}
 	}
 	return nil
-}
-
-// ClearStale unmounts a mountpoint left behind by a crashed daemon: a
-// FUSE mount whose connection is gone (ENOTCONN). The mount root's own
-// attributes may still be cached, so liveness is probed with statfs, which
-// always reaches the daemon. A live FUSE mount there is an error: two views
-// on one mountpoint would hide each other. It costs the same whatever the
-// number of mounts (no reading of /proc/self/mountinfo).
-func ClearStale(mp string) error {
-	for i := 0; i < 8; i++ {
-		var sfs unix.Statfs_t
-		err := unix.Statfs(mp, &sfs)
-		if err == nil {
-			if sfs.Type == fuseSuperMagic && isMountRoot(mp) {
-				return fmt.Errorf("%s is already a live FUSE mount; unmount it or pick another mountpoint", mp)
-			}
-			return nil
-		}
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if !errors.Is(err, unix.ENOTCONN) && !errors.Is(err, unix.ECONNABORTED) {
-			return fmt.Errorf("probe %s: %w", mp, err)
-		}
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
-			// Without privilege, fusermount3 can clear a FUSE mount of ours.
-			if out, err2 := exec.Command("fusermount3", "-u", "-z", mp).CombinedOutput(); err2 != nil {
-				return fmt.Errorf("clear stale mount %s: %v; fusermount3: %v %s", mp, err, err2, out)
-			}
-		}
-	}
-	return fmt.Errorf("clear stale mounts on %s: too many stacked", mp)
-}
-
-const fuseSuperMagic = 0x65735546
-
-// isMountRoot reports whether mp is the root of a mount (statx's
-// STATX_ATTR_MOUNT_ROOT, Linux ≥ 5.8; on older kernels, a different mount
-// id than its parent's).
-func isMountRoot(mp string) bool {
-	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, mp, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &stx); err != nil {
-		return false
-	}
-	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
-	}
-	var parent unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(mp), 0, unix.STATX_MNT_ID, &parent); err != nil {
-		return false
-	}
-	return parent.Mnt_id != stx.Mnt_id
 }

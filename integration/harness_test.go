@@ -128,6 +128,13 @@ func (s syncBuilder) Write(p []byte) (int, error) {
 // startDaemon starts condfs serve on h and waits for its socket.
 func startDaemon(t testing.TB, h *home, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonUnder(t, h, nil, extra...)
+}
+
+// startDaemonUnder starts condfs serve through a wrapper command that
+// execs it (prlimit, setpriv), so that the daemon keeps the wrapper's pid.
+func startDaemonUnder(t testing.TB, h *home, wrapper []string, extra ...string) *daemon {
+	t.Helper()
 	requireFUSE(t)
 	d := &daemon{t: t, home: h, socket: filepath.Join(h.root, "run", "condfs.sock"), exited: make(chan struct{})}
 	d.logs = syncBuilder{b: &strings.Builder{}, mu: make(chan struct{}, 1)}
@@ -137,7 +144,9 @@ func startDaemon(t testing.TB, h *home, extra ...string) *daemon {
 		args = append(args, "--connections="+c)
 	}
 	args = append(args, extra...)
-	d.cmd = exec.Command(condfsBin, args...)
+	args = append([]string{condfsBin}, args...)
+	args = append(wrapper, args...)
+	d.cmd = exec.Command(args[0], args[1:]...)
 	lw := d.logs
 	d.cmd.Stdout, d.cmd.Stderr = lw, lw
 	if err := d.cmd.Start(); err != nil {

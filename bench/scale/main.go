@@ -5,6 +5,11 @@
 //
 //	cd bench && go run ./scale -n 10000
 //	cd bench && go run ./scale -n 2000 -connections per-session
+//	cd bench && go run ./scale -n 10000 -nofile 20000
+//
+// With -nofile the daemon runs under that hard descriptor limit without
+// CAP_SYS_RESOURCE (as in a container that cannot raise it), keeps session
+// state and uses its default --max-sessions, which must admit all N.
 //
 // Every figure comes from this run; nothing is compared with a stored value.
 package main
@@ -30,8 +35,9 @@ func main() {
 	n := flag.Int("n", 1000, "sessions to open")
 	conns := flag.String("connections", "shared", "shared or per-session (condfs serve --connections)")
 	keep := flag.Bool("keep", false, "keep the temporary directory")
+	nofile := flag.Int("nofile", 0, "run the daemon under this hard descriptor limit, with its default --max-sessions and session state")
 	flag.Parse()
-	if err := run(*n, *conns, *keep); err != nil {
+	if err := run(*n, *conns, *keep, *nofile); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)
 	}
@@ -46,7 +52,7 @@ when = "discord:guild:1"
 action = "allow"
 `
 
-func run(n int, conns string, keep bool) error {
+func run(n int, conns string, keep bool, nofile int) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (views of thousands of sessions are mounted)")
 	}
@@ -74,8 +80,13 @@ func run(n int, conns string, keep bool) error {
 		return fmt.Errorf("build: %v\n%s", err, out)
 	}
 	sock := filepath.Join(tmp, "run/condfs.sock")
-	d := exec.Command(bin, "serve", "--root", home, "--socket", sock, "--log-level", "error",
-		"--connections", conns, "--state-dir", "none", "--max-sessions", strconv.Itoa(n+10))
+	args := []string{bin, "serve", "--root", home, "--socket", sock, "--log-level", "error", "--connections", conns}
+	if nofile > 0 {
+		args = append([]string{"prlimit", fmt.Sprintf("--nofile=%d:%d", nofile, nofile), "setpriv", "--bounding-set=-sys_resource", "--"}, args...)
+	} else {
+		args = append(args, "--state-dir", "none", "--max-sessions", strconv.Itoa(n+10))
+	}
+	d := exec.Command(args[0], args[1:]...)
 	d.Stderr = os.Stderr
 	if err := d.Start(); err != nil {
 		return err
@@ -94,8 +105,20 @@ func run(n int, conns string, keep bool) error {
 	defer ctl.Close()
 	pid := d.Process.Pid
 	threads0, rss0 := procStatus(pid)
+	fds0 := procFDs(pid)
 	fmt.Printf("condfs scale: %d sessions, --connections=%s, GOMAXPROCS of the daemon = its default\n", n, conns)
-	fmt.Printf("idle daemon: %d threads, %d KiB RSS\n\n", threads0, rss0)
+	if nofile > 0 {
+		var st struct {
+			Limits struct {
+				MaxSessions int `json:"max_sessions"`
+			} `json:"limits"`
+		}
+		if err := ctl.Call("status", map[string]any{}, &st); err != nil {
+			return err
+		}
+		fmt.Printf("hard descriptor limit %d, no CAP_SYS_RESOURCE: default --max-sessions %d\n", nofile, st.Limits.MaxSessions)
+	}
+	fmt.Printf("idle daemon: %d threads, %d KiB RSS, %d descriptors\n\n", threads0, rss0, fds0)
 
 	// The mountpoints are made first, timed as the native baseline: in
 	// one directory of a disk filesystem, mkdir itself slows as the
@@ -130,8 +153,9 @@ func run(n int, conns string, keep bool) error {
 	fmt.Println("session.open latency, by tenth of the sessions opened:")
 	printTenths(opens)
 	threads1, rss1 := procStatus(pid)
-	fmt.Printf("\nwith %d sessions: %d threads, %d KiB RSS: %.1f KiB per session\n",
-		n, threads1, rss1, float64(rss1-rss0)/float64(n))
+	fds1 := procFDs(pid)
+	fmt.Printf("\nwith %d sessions: %d threads, %d KiB RSS: %.1f KiB per session; %d descriptors: %.2f per session\n",
+		n, threads1, rss1, float64(rss1-rss0)/float64(n), fds1, float64(fds1-fds0)/float64(n))
 
 	// context.set on sessions spread over all N, each followed by the
 	// check that the view changed.
@@ -204,6 +228,12 @@ func pct(ds []time.Duration, p int) time.Duration {
 	slices.Sort(s)
 	i := (len(s)*p + 99) / 100
 	return s[min(len(s)-1, max(0, i-1))].Round(time.Microsecond)
+}
+
+// procFDs counts the descriptors pid holds.
+func procFDs(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(ents)
 }
 
 // procStatus reads the thread count and resident set (KiB) of pid.

@@ -65,8 +65,12 @@ type shellProc struct {
 	cmd *exec.Cmd
 }
 
-func startShell(t *testing.T) *shellProc {
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "shell", "-")
+func startShell(t *testing.T) *shellProc { return startShellAs(t, nobody) }
+
+// startShellAs starts the attacker's shell as uid and gid uid, no groups.
+func startShellAs(t *testing.T, uid int) *shellProc {
+	id := strconv.Itoa(uid)
+	cmd := exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", attackerBin, "shell", "-")
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {

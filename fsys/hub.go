@@ -122,6 +122,8 @@ func NewHub(o HubOptions) (*Hub, error) {
 		NegativeTimeout: &zero,
 		MountOptions:    viewMountOptions(true, o.Debug),
 		RootStableAttr:  &fs.StableAttr{Ino: 1},
+		// Modes reach the kernel as they are (see newView).
+		NullPermissions: true,
 	}
 	rawFS := guardFS{RawFileSystem: fs.NewNodeFS(h.root, fsOpts), panics: &h.panics, log: h.log, observe: o.Observe}
 	mpfd, err := safepath.OpenDir(o.Dir)

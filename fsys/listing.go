@@ -18,7 +18,8 @@ import (
 // request alone, as its caller, through the choke point (guardFS.withDir,
 // node.OpendirHandle). What the kernel answers from a cached listing it
 // checks itself, for whichever admitted uid asks (mode bits and POSIX ACLs,
-// as for a cached stat).
+// as for a cached stat, on the attributes as the backing has them: a 000
+// directory is 000 to the kernel, see newView).
 //
 // So a cached listing must go before anything that could change it is
 // final. Every directory a READDIR is served for is recorded (listings),

@@ -253,6 +253,12 @@ func newView(opts Options) (*View, error) {
 		NegativeTimeout: &zero,
 		MountOptions:    viewMountOptions(opts.AllowOther, opts.Debug),
 		RootStableAttr:  &fs.StableAttr{Ino: 1},
+		// A mode with no permission bits reaches the kernel as it is: go-fuse
+		// would answer 0755 (0644) for it, and the kernel, which checks
+		// cached attributes itself (default_permissions), would let every
+		// admitted uid open a 000 directory, read its cached listing and
+		// walk through it.
+		NullPermissions: true,
 	}
 	if v.hub == nil {
 		// A hub view's root becomes a node of the hub's tree instead.

@@ -638,3 +638,74 @@ func TestAttackNotAdmitted(t *testing.T) {
 		t.Errorf("uid 65533, not admitted, reads through a view that admits 65534: %q", out)
 	}
 }
+
+// Class 13: a mode with no permission bits reached the kernel as 0755 (a
+// directory; 0644 a file): go-fuse fills in a zero mode unless told not to
+// (NullPermissions), and the kernel decides by what it is told
+// (default_permissions). After a chmod 000, made through the view or in the
+// backing tree, every admitted uid went on opening the directory, reading
+// the listing the kernel kept and walking through it to cached entries,
+// all of which native refuses, until the watcher's drop sent the next
+// request to the daemon.
+func TestAttackModeZeroShut(t *testing.T) {
+	h := openHome(t, "")
+	for _, d := range []string{"view", "backing"} {
+		h.write("memories/"+d+"/a.md", "a")
+		os.Chmod(h.path("memories/"+d), 0o755)
+		os.Chmod(h.path("memories/"+d+"/a.md"), 0o644)
+	}
+	chownTree(t, h.path("memories"), nobody)
+	os.Chmod(h.path("mnt"), 0o755)
+	d := startDaemon(t, h, "--cache-ttl", "1m")
+	mnt := h.path("mnt/s")
+	d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": []string{"tui"}, "owner": nobody, "allow_uids": []int{65533}}, nil)
+	owner := startShell(t)
+	shells := []struct {
+		who string
+		sh  *shellProc
+	}{{"65533 (admitted)", startShellAs(t, 65533)}, {"65534 (the owner)", owner}}
+	// Both list the directories and stat a file in each: the kernel
+	// keeps the listings and the entries.
+	for _, s := range shells {
+		for _, dir := range []string{"view", "backing"} {
+			if ok, names := s.sh.do("ls", mnt+"/memories/"+dir); !ok || names != "a.md" {
+				t.Fatalf("before: %s lists %s: %q %v", s.who, dir, names, ok)
+			}
+			if ok, res := s.sh.do("stat", mnt+"/memories/"+dir+"/a.md"); !ok {
+				t.Fatalf("before: %s stats %s/a.md: %s", s.who, dir, res)
+			}
+		}
+	}
+	// The owner shuts one through the view, root the other in the
+	// backing tree.
+	if ok, res := owner.do("chmod", mnt+"/memories/view", "000"); !ok {
+		t.Fatalf("chmod through the view: %s", res)
+	}
+	if err := os.Chmod(h.path("memories/backing"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shells {
+		if ok, res := s.sh.do("ls", h.path("memories/view")); ok {
+			t.Fatalf("natively, %s lists a 000 directory: %q", s.who, res)
+		}
+		// Through the view at once (the SETATTR's answer is final); in
+		// the backing tree once the watcher has told (within about 10 ms).
+		if ok, res := s.sh.do("ls", mnt+"/memories/view"); ok {
+			t.Errorf("%s lists a directory its owner shut through the view: %q", s.who, res)
+		}
+		if ok, res := s.sh.do("stat", mnt+"/memories/view/a.md"); ok {
+			t.Errorf("%s stats a file in a directory its owner shut through the view: %s", s.who, res)
+		}
+		for deadline := time.Now().Add(800 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
+			okList, names := s.sh.do("ls", mnt+"/memories/backing")
+			okStat, _ := s.sh.do("stat", mnt+"/memories/backing/a.md")
+			if !okList && !okStat {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("800 ms after a chmod 000 in the backing tree, %s still lists it (%v %q) or stats below it (%v)", s.who, okList, names, okStat)
+				break
+			}
+		}
+	}
+}

@@ -11,8 +11,10 @@ package integration
 // test uses no ACLs). Any exposure of a denied path, or any success native
 // would refuse, fails the test with the seed and the steps that led there.
 //
-// CONDFS_MODEL_SEED replays a seed; CONDFS_MODEL_STEPS sets the number of
-// steps (make test runs a bounded number; make fuzz runs more).
+// make test runs the fixed cases (modelCases) and one fresh seed for a
+// bounded time; make fuzz runs a fresh seed for many more steps. A failure
+// names its seed and step and how to replay it (TestModelRandom); a seed
+// that ever fails joins the fixed cases.
 
 import (
 	"bufio"
@@ -65,8 +67,12 @@ type shellProc struct {
 	cmd *exec.Cmd
 }
 
-func startShell(t *testing.T) *shellProc {
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "shell", "-")
+func startShell(t *testing.T) *shellProc { return startShellAs(t, nobody) }
+
+// startShellAs starts the attacker's shell as uid and gid uid, no groups.
+func startShellAs(t *testing.T, uid int) *shellProc {
+	id := strconv.Itoa(uid)
+	cmd := exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", attackerBin, "shell", "-")
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -109,6 +115,8 @@ type model struct {
 	handles map[string]*heldFile
 	log     []string
 	rng     *rand.Rand
+	seed    int64
+	step    int // the step being checked
 	// backingChanged: the backing tree was changed directly (not through
 	// a view) since the last context switch, reload or rename through a
 	// view. Until one comes, page-cached reads through held handles may
@@ -205,11 +213,12 @@ func permits(path string, want uint32) bool {
 
 func (m *model) fail(format string, args ...any) {
 	m.t.Helper()
-	m.t.Fatalf("%s\nsteps (seed in the test name):\n  %s", fmt.Sprintf(format, args...), strings.Join(m.log, "\n  "))
+	m.t.Fatalf("%s\nat step %d; replay: CI=true CONDFS_MODEL_SEED=%d CONDFS_MODEL_STEPS=%d go test -count=1 -run TestModelRandom ./integration/\nsteps:\n  %s",
+		fmt.Sprintf(format, args...), m.step, m.seed, m.step+1, strings.Join(m.log, "\n  "))
 }
 
-// step does one random operation and records it.
-func (m *model) step(i int) {
+// act does one random operation and records it.
+func (m *model) act(i int) {
 	v := m.view + "/memories"
 	p, q := m.randPath(), m.randPath()
 	var desc string
@@ -520,32 +529,76 @@ func (m *model) check() {
 	}
 }
 
-// make test runs fixed seeds, so that CI is reproducible; make fuzz runs
-// a fresh seed (CONDFS_MODEL_SEED=random) for many more steps, and a seed
-// it reports replays with CONDFS_MODEL_SEED=N.
+// modelCase is a seed and the number of steps it runs.
+type modelCase struct {
+	seed  int64
+	steps int
+}
+
+// modelCases are the fixed cases: seeds 1–3, and every seed that once found
+// a hole, with the steps it took to find it. A seed chooses the operations;
+// their outcomes also depend on timing (the watcher's events, TTLs, the
+// kernel's cache), so a failure replays at the same step only as far as
+// the hole allows. Each seed here failed at its last step on every replay
+// before its fix.
+var modelCases = []modelCase{
+	{1, 250}, {2, 250}, {3, 250},
+	// Issue 22, finding 5: a chmod 000 through the view, then a listing
+	// the kernel kept, opened on the 0755 go-fuse reported (NullPermissions).
+	{1796194089136940365, 189},
+	{1796194085459807542, 504},
+	{1796194092266760894, 699},
+	{1796194078249133087, 1888},
+}
+
+// TestModelRandom runs the fixed cases (modelCases). CONDFS_MODEL_SEED
+// runs others instead: "random" (a fresh seed), or seeds separated by
+// commas, each with CONDFS_MODEL_STEPS steps (default 250).
+// CONDFS_MODEL_TIME bounds each seed's run (a duration; by default a
+// minute, or 25 for more than 300 steps). Every run logs its seed and the
+// steps it made, and a failure says how to replay it.
 func TestModelRandom(t *testing.T) {
-	seeds := []int64{1, 2, 3}
+	steps := 250
+	if s := os.Getenv("CONDFS_MODEL_STEPS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("CONDFS_MODEL_STEPS=%q: not a positive number", s)
+		}
+		steps = n
+	}
+	cases := modelCases
 	switch s := os.Getenv("CONDFS_MODEL_SEED"); s {
 	case "":
 	case "random":
-		seeds = []int64{time.Now().UnixNano()}
+		cases = []modelCase{{time.Now().UnixNano(), steps}}
 	default:
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("CONDFS_MODEL_SEED=%q: %v", s, err)
+		cases = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				t.Fatalf("CONDFS_MODEL_SEED=%q: %v", s, err)
+			}
+			cases = append(cases, modelCase{n, steps})
 		}
-		seeds = []int64{n}
 	}
-	steps := 250
-	if s := os.Getenv("CONDFS_MODEL_STEPS"); s != "" {
-		steps, _ = strconv.Atoi(s)
+	var budget time.Duration
+	if s := os.Getenv("CONDFS_MODEL_TIME"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			t.Fatalf("CONDFS_MODEL_TIME=%q: not a positive duration", s)
+		}
+		budget = d
 	}
-	for _, seed := range seeds {
-		modelRun(t, seed, steps)
+	for _, c := range cases {
+		b := budget
+		if b == 0 {
+			b = modelBudget(c.steps)
+		}
+		modelRun(t, c.seed, c.steps, b)
 	}
 }
 
-func modelRun(t *testing.T, seed int64, steps int) {
+func modelRun(t *testing.T, seed int64, steps int, budget time.Duration) {
 	t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 		h := openHome(t, modelRules[0])
 		for _, d := range modelDirs[1:] {
@@ -557,24 +610,26 @@ func modelRun(t *testing.T, seed int64, steps int) {
 		}
 		chownTree(t, h.path("memories"), nobody)
 		d := startDaemon(t, h)
-		m := &model{t: t, h: h, d: d, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed))}
+		m := &model{t: t, h: h, d: d, seed: seed, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed))}
 		m.setRules(0)
 		m.setContext(true)
 		m.view = d.openFor("a", nobody, dmCtx)
 		m.other = d.open("b", dmCtx)
 		m.sh = startShell(t)
-		deadline := time.Now().Add(modelBudget(steps))
-		for i := 0; i < steps && time.Now().Before(deadline); i++ {
+		deadline := time.Now().Add(budget)
+		i := 0
+		for ; i < steps && time.Now().Before(deadline); i++ {
+			m.step = i
 			m.backingStep = false
-			m.step(i)
+			m.act(i)
 			m.check()
 		}
-		t.Logf("%d steps", len(m.log))
+		t.Logf("seed %d: %d of %d steps (%d logged)", seed, i, steps, len(m.log))
 	})
 }
 
-// modelBudget bounds the test's time: a minute in make test, more when
-// many steps are asked for.
+// modelBudget bounds a seed's time unless CONDFS_MODEL_TIME does: a
+// minute for a few hundred steps, more when many are asked for.
 func modelBudget(steps int) time.Duration {
 	if steps > 300 {
 		return 25 * time.Minute

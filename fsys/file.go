@@ -227,18 +227,6 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 	return h.lf.Allocate(ctx, off, size, mode)
 }
 
-func (h *fileHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	return h.lf.Getlk(ctx, owner, lk, flags, out)
-}
-
-func (h *fileHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.lf.Setlk(ctx, owner, lk, flags)
-}
-
-func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.lf.Setlkw(ctx, owner, lk, flags)
-}
-
 var _ = (fs.NodeOpener)((*node)(nil))
 
 // openFlags are the access flags a view passes on to the backing open:

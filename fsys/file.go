@@ -11,8 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fileHandle is an open regular file. Every read, write and attribute call
-// that reaches the daemon decides again, for the path the file has now in
+// fileHandle is an open regular file. Every read, write, attribute and
+// lock call that reaches the daemon decides again (a lock's release
+// excepted, locks.go), for the path the file has now in
 // the backing tree (found from its fd, so renames through any view count),
 // in the session's current context.
 //

@@ -220,7 +220,10 @@ func TestLockWaitersBounded(t *testing.T) {
 	}
 	// Sample the daemon's threads while the waiters' requests arrive, until
 	// the refused ones have all been answered and a second has passed.
-	const bound = 48
+	// The goal performance.md states for an idle daemon at any session
+	// count, 64 + 4 × GOMAXPROCS, less the latter: waiters add nothing
+	// lasting, only the requests being served at that moment.
+	const bound = 64
 	peak, refused := 0, 0
 	settled := time.Time{}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

@@ -406,6 +406,16 @@ func TestCapabilities(t *testing.T) {
 		r.decode(t, &s)
 		s.check(t, "0")
 	})
+	t.Run("KeepSetID then setuid 0", func(t *testing.T) {
+		// The owner is root: setuid(0) keeps SETUID/SETGID until execve,
+		// which grants root nothing with empty bounding and inheritable sets.
+		c := baseConfig(write)
+		c.KeepSetID = true
+		r := runChild(t, childSpec{Config: c, Cmd: []string{probeFile, "status"}, Uid: 0})
+		var s status
+		r.decode(t, &s)
+		s.check(t, "0")
+	})
 	t.Run("no setuid without KeepSetID", func(t *testing.T) {
 		r := runChild(t, childSpec{Config: baseConfig(write), Cmd: []string{probeFile, "status"}, Uid: 65534})
 		var got map[string]int

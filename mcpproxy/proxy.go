@@ -136,6 +136,13 @@ func readMessage(v *jsonwire.Value) (message, error) {
 		if id.Kind != jsonwire.String && id.Kind != jsonwire.Number && id.Kind != jsonwire.Null {
 			return message{}, fmt.Errorf("id must be a string or a number")
 		}
+		// Only integers in their plain form: servers read numeric ids as
+		// they like (the Go SDK answers 2.5 as 2), and an answer the
+		// proxy cannot match to its request (a tools/list) would pass
+		// unfiltered.
+		if id.Kind == jsonwire.Number && (strings.ContainsAny(id.Str, ".eE") || id.Str == "-0") {
+			return message{}, fmt.Errorf("id %s: a numeric id must be an integer", id.Str)
+		}
 		m.id = id.Bytes()
 	}
 	if mv := v.Get("method"); mv != nil {

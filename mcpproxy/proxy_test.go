@@ -404,6 +404,11 @@ func TestParserDifferentials(t *testing.T) {
 				`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"},"argumentſ":{"text":"x"}}}`,
 				`{"jsonrpc":"2.0","id":6,"Method":"tools/call","params":{"name":"secret","arguments":{}}}`,
 				"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"ech\\ud800o\"}}",
+				// The Go SDK answers id 2.5 as 2: a listing the proxy could
+				// not match to its request went out unfiltered.
+				`{"jsonrpc":"2.0","id":2.5,"method":"tools/list"}`,
+				`{"jsonrpc":"2.0","id":1e0,"method":"tools/list"}`,
+				`{"jsonrpc":"2.0","id":-0,"method":"tools/list"}`,
 			} {
 				if got := send(line); !strings.Contains(got, "refused") {
 					t.Fatalf("%s: %q", line, got)

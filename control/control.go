@@ -51,6 +51,11 @@ const (
 	CodeForbidden = -32012
 	// CodeBusy: the connection limit is reached.
 	CodeBusy = -32013
+	// CodeRunDenied: a run the policy denies, or a command the run may
+	// not execute (condfs run exits 126); CodeRunNotFound: a command that
+	// exists nowhere (127). Every other error of run exits 125.
+	CodeRunDenied   = -32020
+	CodeRunNotFound = -32021
 )
 
 type peerKey struct{}

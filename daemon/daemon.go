@@ -112,6 +112,7 @@ type session struct {
 	allowUIDs []uint32
 	view      *fsys.View // nil while the session is being opened
 
+	runs      runs       // its condfs runs (run.go)
 	switchMu  sync.Mutex // one context switch at a time
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
@@ -349,6 +350,8 @@ func (d *Daemon) closeSession(id string) error {
 	if !ok || s.view == nil {
 		return nil
 	}
+	// No process outlives its session's authority: the runs end first.
+	s.runs.closeAll()
 	err := s.view.Unmount()
 	d.log.Info("session closed", "session", id, "err", err)
 	d.dropSession(s, !d.closing.Load())
@@ -400,17 +403,20 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 	if condChanged {
 		d.log.Info("conditions reloaded", "generation", d.conditions.status().Generation)
 		d.mu.Lock()
-		views := make([]*fsys.View, 0, len(d.sessions))
+		sessions := make([]*session, 0, len(d.sessions))
 		for _, s := range d.sessions {
 			if s.view != nil {
-				views = append(views, s.view)
+				sessions = append(sessions, s)
 			}
 		}
 		d.mu.Unlock()
-		for _, v := range views {
-			if err := v.Invalidate(oldRules); err != nil {
-				d.log.Warn("invalidate view", "mount", v.Mountpoint(), "err", err)
+		for _, s := range sessions {
+			if err := s.view.Invalidate(oldRules); err != nil {
+				d.log.Warn("invalidate view", "mount", s.view.Mountpoint(), "err", err)
 			}
+			s.switchMu.Lock()
+			d.allowRuns(s, d.conditions.Load(), s.view.Context())
+			s.switchMu.Unlock()
 		}
 	}
 	return d.configStatus()
@@ -578,6 +584,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := s.view.SetContext(set); err != nil {
 			return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 		}
+		d.allowRuns(s, d.conditions.Load(), set)
 		d.metrics.ContextSwitch(time.Since(start))
 		d.log.Info("context set", "session", s.id, "atoms", set.Atoms())
 		return map[string]any{"atoms": set.Atoms()}, nil
@@ -638,6 +645,8 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		return ex, nil
 	case "tool.decide":
 		return d.decide(ctx, params)
+	case "run":
+		return d.run(ctx, params)
 	case "tools.callable":
 		// Which of these tools could the roles ever call (a gateway leaves
 		// the others out of a listing)? Constraints are not evaluated.

@@ -38,6 +38,7 @@ func commands() []command {
 		{"blocks", "list the prompt blocks a context selects, offline", runBlocks},
 		{"hook", "enforce the policy in an agent runtime's hook (claude-code)", runHook},
 		{"mcp", "enforce the policy between an MCP client and server (proxy)", runMCP},
+		{"run", "run a command in a sandbox under a session's authority", runRun},
 		{"completion", "print a shell completion script (bash, zsh or fish)", runCompletion},
 		{"help", "show this help", nil},
 	}

@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/acl"
-	"github.com/condfs/condfs/control"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/sandbox"
 	"golang.org/x/sys/unix"
 )

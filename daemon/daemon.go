@@ -195,6 +195,9 @@ func New(cfg Config) (*Daemon, error) {
 		d.hub = h
 	}
 	RaiseFileLimit()
+	if n := FitThreadLimit(); n > 0 {
+		d.log.Info("thread limit fitted to the cgroup's pids limit", "max_threads", n)
+	}
 	if d.cfg.MaxSessions <= 0 {
 		d.cfg.MaxSessions = DefaultMaxSessions(d.hub != nil)
 	}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"os"
+	"path"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -83,4 +84,60 @@ func DefaultMaxSessions(hub bool) int {
 		n = min(n, max(1, (threads-reservedThreads)/threadsPerOwnConn))
 	}
 	return max(n, 1)
+}
+
+// FitThreadLimit lowers the Go runtime's thread limit (debug.SetMaxThreads,
+// 10,000 by default) below the pids limit of the daemon's cgroup (systemd's
+// TasksMax, the unit in deploy/ sets one), when that is lower: the runtime
+// then stops the daemon with its own message before the kernel refuses a
+// thread, and DefaultMaxSessions counts with the real limit. An eighth of
+// the limit is left to the cgroup's other tasks. It returns the limit set,
+// or 0 if it left it.
+func FitThreadLimit() int {
+	cg, _ := os.ReadFile("/proc/self/cgroup")
+	pids := pidsLimit(string(cg), "/sys/fs/cgroup")
+	if pids <= 0 {
+		return 0
+	}
+	want := max(pids-pids/8, 1)
+	cur := debug.SetMaxThreads(want)
+	if cur <= want {
+		debug.SetMaxThreads(cur)
+		return 0
+	}
+	return want
+}
+
+// pidsLimit is the lowest pids.max on the way from the process's pids
+// cgroup (cgroup v1 "pids", or v2) up to the root, read under root; 0 if
+// none is set.
+func pidsLimit(procCgroup, root string) int {
+	var dirs []string
+	for _, line := range strings.Split(procCgroup, "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || !strings.HasPrefix(f[2], "/") {
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			if c == "pids" {
+				dirs = append(dirs, path.Join(root, "pids", f[2]))
+			}
+		}
+		if f[0] == "0" && f[1] == "" {
+			dirs = append(dirs, path.Join(root, f[2]), path.Join(root, "unified", f[2]))
+		}
+	}
+	limit := 0
+	for _, dir := range dirs {
+		for d := dir; strings.HasPrefix(d, root); d = path.Dir(d) {
+			b, err := os.ReadFile(d + "/pids.max")
+			if n, perr := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && perr == nil && n > 0 && (limit == 0 || n < limit) {
+				limit = n
+			}
+			if d == root {
+				break
+			}
+		}
+	}
+	return limit
 }

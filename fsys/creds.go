@@ -45,14 +45,17 @@ var self = func() daemonCreds {
 
 // Switching costs six credential syscalls (about 15 µs on the machines we
 // measure), so threads keep a caller's credentials between requests: the
-// first switch pins the goroutine to its thread for good (a LockOSThread
-// that is never undone), and the next request on that goroutine switches
+// first switch pins the goroutine to its thread (a LockOSThread undone
+// only by unpin, before a request waits), and the next request on that goroutine switches
 // only if its caller differs. A pinned thread runs no other goroutine, and
 // dies with its goroutine (the runtime ends a thread whose goroutine exits
 // locked), so a caller's credentials never reach code that is not a view's
 // request. The invariant that makes this safe: a thread whose fsuid is not
 // the daemon's is pinned, and threadCreds holds its credentials; a thread
-// whose fsuid is the daemon's has the daemon's credentials throughout.
+// whose fsuid is the daemon's has the daemon's credentials throughout, and
+// (outside a root request on it, which sets the caller's back) its
+// goroutine is not pinned: unpin can then end a pin by looking at the
+// thread's fsuid.
 
 // credKey names a set of credentials.
 type credKey struct {
@@ -77,6 +80,12 @@ func recordThread(tid int, k credKey) {
 		threadCreds.m = map[int]credKey{}
 	}
 	threadCreds.m[tid] = k
+	threadCreds.Unlock()
+}
+
+func forgetThread(tid int) {
+	threadCreds.Lock()
+	delete(threadCreds.m, tid)
 	threadCreds.Unlock()
 }
 
@@ -129,9 +138,9 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 			panicRestore(err)
 		}
 		if !known {
-			// Its credentials are unknown: it stays the daemon's, pinned.
-			// Keep the invariant by giving it a caller's fsuid again only
-			// through a later become.
+			// Its credentials are unknown: it stays the daemon's, and so
+			// is pinned no longer (a later become pins it again).
+			runtime.UnlockOSThread() // the pin
 			return asCaller{}, 0
 		}
 		return asCaller{back: &k}, 0
@@ -149,7 +158,7 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 			return asCaller{switched: true}, 0
 		}
 	} else {
-		runtime.LockOSThread() // the pin: never undone
+		runtime.LockOSThread() // the pin: undone only by unpin
 	}
 	if err := setThreadCreds(int(c.Uid), int(c.Gid), groups); err != nil {
 		// The thread is pinned; leave it no caller's authority.
@@ -161,6 +170,23 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 	}
 	recordThread(tid, want)
 	return asCaller{switched: true}, 0
+}
+
+// unpin gives the current thread the daemon's credentials back and ends
+// the pin a caller's credentials put on its goroutine, if any: a request
+// about to wait (a blocking lock, locks.go) then holds no OS thread while
+// it waits. The next become switches again.
+func unpin() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if cur, _ := unix.SetfsuidRetUid(-1); cur == self.uid {
+		return // not pinned
+	}
+	if err := setThreadCreds(self.uid, self.gid, self.groups); err != nil {
+		panicRestore(err)
+	}
+	forgetThread(unix.Gettid())
+	runtime.UnlockOSThread() // the pin
 }
 
 // restore ends what become did: only a root request on a pinned thread

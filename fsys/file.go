@@ -11,8 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fileHandle is an open regular file. Every read, write and attribute call
-// that reaches the daemon decides again, for the path the file has now in
+// fileHandle is an open regular file. Every read, write, attribute and
+// lock call that reaches the daemon decides again (a lock's release
+// excepted, locks.go), for the path the file has now in
 // the backing tree (found from its fd, so renames through any view count),
 // in the session's current context.
 //
@@ -225,18 +226,6 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 		return syscall.EACCES
 	}
 	return h.lf.Allocate(ctx, off, size, mode)
-}
-
-func (h *fileHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	return h.lf.Getlk(ctx, owner, lk, flags, out)
-}
-
-func (h *fileHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.lf.Setlk(ctx, owner, lk, flags)
-}
-
-func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.lf.Setlkw(ctx, owner, lk, flags)
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))

@@ -136,6 +136,9 @@ type View struct {
 	hmu     sync.Mutex
 	handles map[*fileHandle]struct{}
 
+	// lockWaiters counts the view's blocking lock requests waiting (locks.go).
+	lockWaiters atomic.Int32
+
 	// reads counts READ requests the daemon served.
 	reads atomic.Int64
 	// panics counts FUSE operations that panicked (and failed with EIO).

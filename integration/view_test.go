@@ -697,10 +697,14 @@ func TestSwitchDuringListings(t *testing.T) {
 	t.Setenv("CONDFS_TEST_PLUS_DELAY", "80ms")
 	d := startDaemon(t, h)
 	mnt := d.open("s", dmCtx)
-	stale, listed := 0, 0
-	const rounds = 30
-	for i := 0; i < rounds; i++ {
-		name := fmt.Sprintf("n%02d.md", i) // new each round: unknown to the view
+	stale, listed, rounds := 0, 0, 0
+	// Rounds go on until 10 listings had begun before their switch (a
+	// loaded machine starts some too late, which proves nothing), at
+	// most 150.
+	const want, maxRounds = 10, 150
+	for i := 0; listed < want && i < maxRounds; i++ {
+		rounds++
+		name := fmt.Sprintf("n%03d.md", i) // new each round: unknown to the view
 		h.write("memories/private/"+name, "s")
 		// Held on the directory's current entry, the one the listing
 		// links its names under (a switch replaces it).
@@ -741,7 +745,7 @@ func TestSwitchDuringListings(t *testing.T) {
 	if stale > 0 {
 		t.Fatalf("%d of %d switches left a ruled name a listing handed out before them reachable after", stale, rounds)
 	}
-	if listed < rounds/3 {
+	if listed < want {
 		t.Fatalf("only %d of %d listings had begun before their switch", listed, rounds)
 	}
 }

@@ -76,6 +76,11 @@ func main() {
 		}
 	case "mmap": // map MAP_SHARED and close the fd, then on each line of stdin read the mapping
 		mapped(p)
+	case "lock": // N waiters for an exclusive lock: lock PATH flock|posix|ofd N (lock.go)
+		n, _ := strconv.Atoi(os.Args[4])
+		waiters(p, os.Args[3], n)
+	case "locker": // one descriptor, lock commands on stdin (lock.go)
+		locker(p)
 	case "shell": // one command per line on stdin, one answer line each
 		shell(os.Stdin, os.Stdout)
 	case "flood": // flood SOCKET N: open N control connections and hold them

@@ -1,0 +1,41 @@
+package fsys
+
+import "testing"
+
+// TestLockWaiterBounds: a view holds at most MaxLockWaitersPerView waiters
+// and all views MaxLockWaiters; leaving gives the places back.
+func TestLockWaiterBounds(t *testing.T) {
+	var views []*View
+	for lockWaiters.Load() < MaxLockWaiters {
+		v := &View{}
+		views = append(views, v)
+		for v.enterWait() {
+		}
+		if got := v.lockWaiters.Load(); got > MaxLockWaitersPerView {
+			t.Fatalf("a view holds %d waiters", got)
+		}
+	}
+	if got := lockWaiters.Load(); got != MaxLockWaiters {
+		t.Fatalf("%d waiters in all, want %d", got, MaxLockWaiters)
+	}
+	fresh := &View{}
+	if fresh.enterWait() {
+		t.Fatal("a waiter beyond the bound of all views got a place")
+	}
+	views[0].leaveWait()
+	if !fresh.enterWait() {
+		t.Fatal("a place given back was not free")
+	}
+	fresh.leaveWait()
+	for _, v := range views[1:] {
+		for v.lockWaiters.Load() > 0 {
+			v.leaveWait()
+		}
+	}
+	for views[0].lockWaiters.Load() > 0 {
+		views[0].leaveWait()
+	}
+	if got := lockWaiters.Load(); got != 0 {
+		t.Fatalf("%d waiters left", got)
+	}
+}

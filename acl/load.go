@@ -113,6 +113,12 @@ func (l *loader) parse(data []byte) (*Config, error) {
 // tableOf decodes a table into its keys in file order.
 func (l *loader) tableOf(prim toml.Primitive, prefix toml.Key, what string) ([]string, map[string]toml.Primitive, error) {
 	var m map[string]toml.Primitive
+	// The decoder turns a scalar into an empty map without complaint
+	// ("memories = 1" would load as no rules); implicit parent tables of
+	// dotted headers have no type.
+	if t := l.md.Type(prefix...); t != "" && t != "Hash" {
+		return nil, nil, l.failAt(prim, "%s must be a table", what)
+	}
 	if err := l.md.PrimitiveDecode(prim, &m); err != nil {
 		return nil, nil, l.failAt(prim, "%s must be a table", what)
 	}

@@ -99,12 +99,20 @@ func (l *loader) parse(data []byte) (*Config, error) {
 			if err := l.space(c, sp, prim); err != nil {
 				return nil, err
 			}
+		case "exec":
+			if err := l.space(c, Exec, prim); err != nil {
+				return nil, err
+			}
+		case "sandbox":
+			if err := l.sandbox(c, prim); err != nil {
+				return nil, err
+			}
 		case "blocks":
 			if err := l.blocks(c, prim); err != nil {
 				return nil, err
 			}
 		default:
-			return nil, l.failAt(prim, "unknown table [%s] (want [memories.\"/path/\"], [workspace.\"/path/\"] or [blocks.NAME])", name)
+			return nil, l.failAt(prim, "unknown table [%s] (want [memories.\"/path/\"], [workspace.\"/path/\"], [exec.\"/path\"], [sandbox] or [blocks.NAME])", name)
 		}
 	}
 	return c, nil
@@ -235,6 +243,10 @@ func (l *loader) space(c *Config, sp Space, prim toml.Primitive) error {
 	for _, key := range keys {
 		what := fmt.Sprintf("[%s.%q]", sp, key)
 		rp := rules[key]
+		if sp == Exec && !strings.HasPrefix(key, "/") {
+			// A host path: a relative key would name nothing in particular.
+			return l.failAt(rp, "%s: an exec key is an absolute path", what)
+		}
 		norm, err := normaliseKey(key)
 		if err != nil {
 			return l.failAt(rp, "%s: %v", what, err)

@@ -25,6 +25,9 @@ func FuzzDecide(f *testing.F) {
 			strings.Contains(canon, "//") || (canon != "/" && strings.HasSuffix(canon, "/")) {
 			t.Fatalf("%q canonicalised to %q", p, canon)
 		}
+		if want := strings.HasPrefix(p, "/") && canon == p && p != "/"; execPathOK(p) != want {
+			t.Fatalf("execPathOK(%q) = %v, want %v", p, !want, want)
+		}
 		again, _ := Canon(canon)
 		if again != canon {
 			t.Fatalf("Canon not idempotent: %q -> %q -> %q", p, canon, again)

@@ -116,35 +116,49 @@ func (s *Sandbox) Listed(p string) bool {
 	return false
 }
 
-// execPathOK: p is absolute and canonical, with no NUL.
+// execPathOK: p is absolute and canonical (Canon(p) == p), not "/", with
+// no NUL. It does not allocate.
 func execPathOK(p string) bool {
-	if len(p) < 2 || p[0] != '/' {
+	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' || strings.IndexByte(p, 0) >= 0 {
 		return false
 	}
-	c, err := Canon(p)
-	return err == nil && c == p
+	for i := 1; i < len(p); {
+		seg, next := segment(p, i)
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+		i = next
+	}
+	return true
 }
 
 // viewPath splits a path of the view (/workspace/x, /memories/x) into its
 // space and the path in it.
 func viewPath(p string) (Space, string, bool) {
-	for _, sp := range Spaces {
-		root := "/" + sp.String()
-		if p == root {
-			return sp, "/", true
+	for _, v := range [...]struct {
+		sp   Space
+		root string
+	}{{Memories, "/memories"}, {Workspace, "/workspace"}} {
+		if p == v.root {
+			return v.sp, "/", true
 		}
-		if strings.HasPrefix(p, root+"/") {
-			return sp, p[len(root):], true
+		if len(p) > len(v.root) && p[len(v.root)] == '/' && p[:len(v.root)] == v.root {
+			return v.sp, p[len(v.root):], true
 		}
 	}
 	return 0, "", false
 }
 
+// ErrNoSandbox is why nothing may be executed under a conditions.toml
+// without a [sandbox] table.
+var ErrNoSandbox = errors.New("conditions.toml has no [sandbox] table: no binaries are allowed")
+
 // ExecAllowed reports whether a run in context atoms may execute the file
 // named p: p is canonical and absolute, listed in binaries, the exec rules
 // allow it, and a file of the view is visible there. p is the name as
 // listed or as found beneath a listed directory, not its symlink target
-// (see the comment at the top of this file).
+// (see the comment at the top of this file). It does not allocate: it may
+// run for every execve.
 func (c *Config) ExecAllowed(atoms cctx.Set, p string) bool {
 	if c.sandbox == nil || !c.sandbox.Listed(p) {
 		return false
@@ -191,7 +205,7 @@ func (c *Config) ExplainExec(raw string, atoms cctx.Set) (Explanation, error) {
 	}
 	switch {
 	case c.sandbox == nil:
-		ex.Decision, ex.Why = "deny", "no [sandbox] table: no binaries are allowed"
+		ex.Decision, ex.Why = "deny", ErrNoSandbox.Error()
 	case !c.sandbox.Listed(canon):
 		ex.Decision, ex.Why = "deny", canon+" is not listed in [sandbox] binaries"
 	default:

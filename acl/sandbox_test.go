@@ -273,3 +273,37 @@ func TestParseRuleSpace(t *testing.T) {
 		}
 	}
 }
+
+// TestExecAllowedAllocs: ExecAllowed may run for every execve.
+func TestExecAllowedAllocs(t *testing.T) {
+	c := mustParse(t, sandboxDesign)
+	dm := set(t, "discord:dm", "discord:dm:5", "discord:channel:5")
+	for _, p := range []string{"/usr/bin/cat", "/usr/lib/git-core/git-remote-http", "/workspace/bin/private/x", "/usr/bin/nc", "/usr/bin/../x"} {
+		if n := testing.AllocsPerRun(100, func() { c.ExecAllowed(dm, p) }); n != 0 {
+			t.Errorf("ExecAllowed(%s): %v allocs", p, n)
+		}
+	}
+}
+
+// TestExecPathOK: execPathOK accepts exactly the canonical absolute paths.
+func TestExecPathOK(t *testing.T) {
+	for _, p := range []string{"/", "", "a", "/a/", "//a", "/a//b", "/a/./b", "/a/..", "/.", "/a\x00", "/a/b/.", "a/b"} {
+		if execPathOK(p) {
+			t.Errorf("%q accepted", p)
+		}
+	}
+	for _, p := range []string{"/a", "/a/b", "/.a", "/a/...", "/a..b/c"} {
+		if c, _ := Canon(p); !execPathOK(p) || c != p {
+			t.Errorf("%q refused (Canon %q)", p, c)
+		}
+	}
+}
+
+func BenchmarkExecAllowed(b *testing.B) {
+	c := mustParse(b, sandboxDesign)
+	dm := set(b, "discord:dm", "discord:dm:5", "discord:channel:5")
+	b.ReportAllocs()
+	for b.Loop() {
+		c.ExecAllowed(dm, "/usr/lib/git-core/git-remote-http")
+	}
+}

@@ -631,14 +631,20 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if cerr != nil {
 			return nil, cerr
 		}
-		sp, err := acl.ParseSpace(p.Space)
+		sp, err := acl.ParseRuleSpace(p.Space)
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
 		}
 		if p.Path == nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "path is required")
 		}
-		ex, err := d.conditions.Load().ExplainView(sp, *p.Path, set)
+		var ex acl.Explanation
+		if cfg := d.conditions.Load(); sp == acl.Exec {
+			// What a run in this context may execute: binaries and the exec rules.
+			ex, err = cfg.ExplainExec(*p.Path, set)
+		} else {
+			ex, err = cfg.ExplainView(sp, *p.Path, set)
+		}
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "path: %v", err)
 		}

@@ -40,4 +40,3 @@ func Available() (string, error) {
 	}
 	return "", fmt.Errorf("sandbox: cannot create a user namespace: %w", err)
 }
-

@@ -2,9 +2,7 @@ package sandbox
 
 import (
 	"bytes"
-	"io"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 )
@@ -110,10 +108,3 @@ func start(t testing.TB, spec Spec, stdin *os.File) (*Run, *output, *output) {
 	return r, out, errOut
 }
 
-var _ = io.EOF
-var _ = strings.Contains
-
-func TestSmoke(t *testing.T) {
-	out, errOut, ex := run(t, testSpec(t, "id; ls -la /; echo hi; exit 3"))
-	t.Logf("out=%s\nerr=%s\nexit=%+v", out, errOut, ex)
-}

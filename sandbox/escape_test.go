@@ -295,13 +295,24 @@ func pidNSMembers(t *testing.T, ns string) int {
 	return n
 }
 
-func TestKillEndsEveryProcess(t *testing.T) {
-	r, out, _ := start(t, testSpec(t, "sleep 1000 & sleep 1000 & echo ready; wait"), nil)
-	waitFor(t, out, "ready")
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", r.Pid()))
-	if err != nil {
-		t.Fatal(err)
+// runPidNS is the PID namespace of the run, as its shell's printing of
+// "ls -l /proc/$$/ns/pid" says (the init itself is not dumpable).
+func runPidNS(t *testing.T, out string) string {
+	t.Helper()
+	i := strings.Index(out, "pid:[")
+	if i < 0 {
+		t.Fatalf("no pid namespace in %q", out)
 	}
+	j := strings.Index(out[i:], "]")
+	return out[i : i+j+1]
+}
+
+const printNS = "ls -l /proc/$$/ns/pid; "
+
+func TestKillEndsEveryProcess(t *testing.T) {
+	r, out, _ := start(t, testSpec(t, printNS+"sleep 1000 & sleep 1000 & echo ready; wait"), nil)
+	waitFor(t, out, "ready")
+	ns := runPidNS(t, out.String())
 	if n := pidNSMembers(t, ns); n < 4 {
 		t.Fatalf("%d processes in the run, want init, sh and 2 sleeps", n)
 	}
@@ -315,17 +326,30 @@ func TestKillEndsEveryProcess(t *testing.T) {
 }
 
 func TestForkBombBounded(t *testing.T) {
-	spec := testSpec(t, "echo ready; f(){ f | f & }; f; sleep 1000")
+	spec := testSpec(t, printNS+"echo ready; f(){ f | f & }; f; sleep 1000")
 	spec.Pids = 32
 	spec.Memory = 256 << 20
 	r, out, _ := start(t, spec, nil)
 	waitFor(t, out, "ready")
+	ns := runPidNS(t, out.String())
+	if os.Geteuid() != 0 {
+		// An ordinary user has no cgroup here: RLIMIT_NPROC bounds the uid.
+		if r.cg != nil {
+			t.Fatalf("cgroups %+v as uid %d", r.cg, os.Geteuid())
+		}
+		time.Sleep(time.Second)
+		if n := pidNSMembers(t, ns); n > 32 || n < 3 {
+			t.Errorf("%d processes, limit 32", n)
+		}
+		r.Kill()
+		r.Wait()
+		if n := pidNSMembers(t, ns); n != 0 {
+			t.Errorf("%d processes left after Kill", n)
+		}
+		return
+	}
 	if r.cg == nil || len(r.cg.dirs) != 2 {
 		t.Fatalf("cgroups %+v, want pids and memory (v1)", r.cg)
-	}
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", r.Pid()))
-	if err != nil {
-		t.Fatal(err)
 	}
 	dirs := append([]string{}, r.cg.dirs...)
 	pidsDir := dirs[0]

@@ -107,4 +107,3 @@ func start(t testing.TB, spec Spec, stdin *os.File) (*Run, *output, *output) {
 	}
 	return r, out, errOut
 }
-

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -390,4 +391,26 @@ func TestCwd(t *testing.T) {
 	if _, err := Start(spec, nil, nil, nil); err == nil {
 		t.Error("cwd /etc accepted")
 	}
+	// A step that fails in the init is Start's error, naming the step.
+	spec.Cwd = "/workspace/missing"
+	if _, err := Start(spec, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "cwd: /workspace/missing") {
+		t.Errorf("cwd missing: %v", err)
+	}
+}
+
+// TestCondfsBinaryAsInit runs a command with the real condfs binary as the
+// init, as the daemon does (cmd/condfs dispatches "sandbox-init").
+func TestCondfsBinaryAsInit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the root run covers it; the nested run as 65534 has no Go toolchain cache")
+	}
+	bin := filepath.Join(t.TempDir(), "condfs")
+	build := exec.Command("go", "build", "-o", bin, "github.com/condfs/condfs/cmd/condfs")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build condfs: %v\n%s", err, out)
+	}
+	old := initPath
+	initPath = bin
+	defer func() { initPath = old }()
+	expect(t, testSpec(t, "id -u; exit 5"), 5, "65534")
 }

@@ -39,6 +39,12 @@ func step(name string, err error) error {
 // InitMain is the sandbox's init: cmd/condfs calls it first thing when its
 // first argument is "sandbox-init". It never returns.
 func InitMain() {
+	// Only Start's init is PID 1 of its own namespace: anything else (a
+	// user typing "condfs sandbox-init") must not remount the host's tree.
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "condfs sandbox-init: only the daemon starts a sandbox's init")
+		os.Exit(exitInitFailed)
+	}
 	if len(os.Args) > 2 && os.Args[2] == "probe" {
 		os.Exit(0) // Available: the namespaces could be made
 	}
@@ -171,6 +177,9 @@ func startCommand(spec Spec) (int, error) {
 	if err != nil {
 		return 0, step("exec", err)
 	}
+	if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
+		return 0, step("cwd", fmt.Errorf("%s is not a directory of the run", spec.Cwd))
+	}
 	if err := closeOnExecAll(); err != nil {
 		return 0, step("descriptors", err)
 	}
@@ -195,7 +204,10 @@ func startCommand(spec Spec) (int, error) {
 			return
 		}
 		pid, err := syscall.ForkExec(path, spec.Argv, attr)
-		res <- started{pid, step("exec", err)}
+		if err != nil {
+			err = step("exec", fmt.Errorf("%s: %w", path, err))
+		}
+		res <- started{pid, err}
 	}()
 	r := <-res
 	return r.pid, r.err

@@ -41,8 +41,9 @@ type Run struct {
 	killed  bool
 	closed  bool // the channel is gone: no ack will come
 
-	done   chan struct{} // closed when the init is reaped and the run cleaned up
-	result Exit
+	readDone chan struct{} // closed when readLoop has read the channel to its end
+	done     chan struct{} // closed when the init is reaped and the run cleaned up
+	result   Exit
 }
 
 // Start builds the sandbox and starts spec's command in it, with stdin,
@@ -77,7 +78,8 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	}
 	initEnd.Close()
 
-	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, pending: map[uint64]chan string{}, done: make(chan struct{})}
+	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, pending: map[uint64]chan string{},
+		readDone: make(chan struct{}), done: make(chan struct{})}
 	fail := func(err error) (*Run, error) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -155,6 +157,7 @@ func sysProcAttr(spec *Spec) *syscall.SysProcAttr {
 
 // readLoop takes the init's messages after ready: acks and the exit status.
 func (r *Run) readLoop() {
+	defer close(r.readDone)
 	for {
 		m, err := r.ch.recv()
 		if err != nil {
@@ -184,6 +187,12 @@ func (r *Run) readLoop() {
 // waitLoop reaps the init and removes the run's cgroups.
 func (r *Run) waitLoop() {
 	err := r.cmd.Wait()
+	// The exit message precedes the init's exit: read it before deciding.
+	// Only the init held the other end, so the channel ends with it.
+	select {
+	case <-r.readDone:
+	case <-time.After(time.Second):
+	}
 	r.conn.Close()
 	r.cg.remove()
 	r.mu.Lock()

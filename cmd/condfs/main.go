@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
+
+	"github.com/condfs/condfs/sandbox"
 )
 
 // exitError carries an exit status up to main.
@@ -62,6 +64,11 @@ func usage(w io.Writer) {
 }
 
 func main() {
+	// The daemon re-executes itself as a sandbox's init (package sandbox):
+	// that process must do nothing else.
+	if len(os.Args) > 1 && os.Args[1] == "sandbox-init" {
+		sandbox.InitMain()
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

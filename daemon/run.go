@@ -102,9 +102,11 @@ func (rs *runs) closeAll() {
 func (d *Daemon) allowRuns(s *session, cfg *acl.Config, set cctx.Set) {
 	for _, a := range s.runs.list() {
 		if err := a.r.Allow(allowedBinaries(cfg, set, a.binaries)); err != nil {
-			// A run whose allowlist cannot follow its context cannot go on.
-			d.log.Error("run: cannot update its binaries; ending it", "session", s.id, "err", err)
-			a.end("closed")
+			// A run whose allowlist cannot follow its context cannot go
+			// on (sandbox kills it; a run that has just ended reports
+			// this too).
+			d.log.Info("run: its binaries not updated; it is ended", "session", s.id, "err", err)
+			a.r.Kill()
 		}
 	}
 }
@@ -213,7 +215,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	default:
 		return nil, control.Errorf(control.CodeRunDenied, "the policy denies exec %v: %s", p.Argv, strings.Join(decision.Reasons, "; "))
 	}
-	allowed := allowedBinaries(cfg, set, sb.Binaries)
+	allowed := allowedBinaries(cfg, set, sb.Binaries())
 	if err := commandAllowed(p.Argv[0], allowed); err != nil {
 		return nil, err
 	}
@@ -221,8 +223,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		Argv: p.Argv, Env: env, Cwd: cwd,
 		UID: s.owner, GID: s.owner,
 		Workspace: s.view.Mountpoint() + "/workspace", Memories: s.view.Mountpoint() + "/memories",
-		Binaries: sb.Binaries, Allowed: allowed,
-		Network: sb.Network, TmpSize: sb.TmpSize, Memory: sb.Memory, Pids: sb.Pids,
+		Binaries: sb.Binaries(), Allowed: allowed,
+		Network: string(sb.Network()), TmpSize: sb.TmpSize(), Memory: sb.Memory(), Pids: sb.Pids(),
 		UserNS: os.Geteuid() != 0,
 	}
 	if gid, groups, err := userGroups(s.owner); err == nil {
@@ -236,7 +238,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		f.Close() // the init has its own copies
 	}
 	keep = true
-	a := &activeRun{r: r, binaries: sb.Binaries}
+	a := &activeRun{r: r, binaries: sb.Binaries()}
 	// Every change of a run's allowlist is made under its session's
 	// switch lock (context.set, reload), so the last one made is the
 	// newest context's. A switch or reload since the run was built may
@@ -244,8 +246,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	s.switchMu.Lock()
 	added := s.runs.add(a)
 	if added {
-		if err := r.Allow(allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries)); err != nil {
-			a.end("closed")
+		if err := r.Allow(allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries())); err != nil {
+			r.Kill() // as in allowRuns; a run that has just ended reports it too
 		}
 	}
 	s.switchMu.Unlock()

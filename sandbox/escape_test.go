@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -413,4 +414,34 @@ func TestCondfsBinaryAsInit(t *testing.T) {
 	initPath = bin
 	defer func() { initPath = old }()
 	expect(t, testSpec(t, "id -u; exit 5"), 5, "65534")
+}
+
+// TestConfined: the command runs under the seccomp filter and Landlock
+// (sandbox/internal/confine): a program of a library directory, present in
+// the run but not allowed, cannot be executed.
+func TestConfined(t *testing.T) {
+	expect(t, testSpec(t, "while read k v; do case $k in Seccomp:) echo $k $v;; esac; done </proc/self/status"), 0, "Seccomp: 2")
+	var prog string
+	filepath.WalkDir("/usr/lib", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || prog != "" || !d.Type().IsRegular() {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil && fi.Mode()&0o111 != 0 {
+			if f, err := os.Open(p); err == nil {
+				b := make([]byte, 4)
+				if n, _ := f.Read(b); n == 4 && string(b) == "\x7fELF" && !strings.Contains(p, ".so") {
+					prog = p
+				}
+				f.Close()
+			}
+		}
+		return nil
+	})
+	if prog == "" {
+		t.Skip("no ELF program under /usr/lib on this host")
+	}
+	out := expect(t, testSpec(t, prog+" --version"), 126, "")
+	if !strings.Contains(out, "Permission denied") {
+		t.Errorf("%s in a library directory: %q, want Permission denied", prog, out)
+	}
 }

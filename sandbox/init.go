@@ -173,12 +173,19 @@ func reap(pid int) (code, sig int) {
 // confined; the thread is never unlocked, so it dies with its goroutine and
 // its confinement never serves other goroutines.
 func startCommand(spec Spec) (int, error) {
-	path, err := lookPath(spec.Argv[0], spec.Env)
-	if err != nil {
-		return 0, step("exec", err)
-	}
-	if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
-		return 0, step("cwd", fmt.Errorf("%s is not a directory of the run", spec.Cwd))
+	// Looked up as the owner: the view admits its owner, not root.
+	var path string
+	if err := asOwner(spec, func() error {
+		var err error
+		if path, err = lookPath(spec.Argv[0], spec.Env); err != nil {
+			return step("exec", err)
+		}
+		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
+			return step("cwd", fmt.Errorf("%s is not a directory of the run", spec.Cwd))
+		}
+		return nil
+	}); err != nil {
+		return 0, err
 	}
 	if err := closeOnExecAll(); err != nil {
 		return 0, step("descriptors", err)

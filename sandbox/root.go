@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -43,6 +44,40 @@ func cloneTree(path string, attrs uint64) (int, error) {
 		return -1, fmt.Errorf("set attributes of %s: %w", path, err)
 	}
 	return fd, nil
+}
+
+// asOwner runs f on a locked OS thread whose filesystem uid and gid and
+// groups are the run's owner's (each per thread: the raw syscalls). The
+// thread is never unlocked, so it ends with the goroutine and its
+// identity serves nothing else.
+func asOwner(s Spec, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		groups := make([]int, len(s.Groups))
+		for i, g := range s.Groups {
+			groups[i] = int(g)
+		}
+		if !s.UserNS {
+			if err := unix.Setgroups(groups); err != nil {
+				errc <- fmt.Errorf("act as the owner: setgroups: %w", err)
+				return
+			}
+		}
+		unix.Setfsgid(int(s.GID))
+		unix.Setfsuid(int(s.UID))
+		// setfs[ug]id report no error: read them back.
+		if u, _ := unix.SetfsuidRetUid(-1); u != int(s.UID) {
+			errc <- fmt.Errorf("act as the owner: fsuid is %d, not %d", u, s.UID)
+			return
+		}
+		if g, _ := unix.SetfsgidRetGid(-1); g != int(s.GID) {
+			errc <- fmt.Errorf("act as the owner: fsgid is %d, not %d", g, s.GID)
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
 }
 
 // attach moves a detached clone onto target.
@@ -241,10 +276,12 @@ func buildRoot(is *initSpec) (*allowState, error) {
 			return nil, step("clone host", err)
 		}
 	}
-	if err := clone("/workspace", s.Workspace, attrData); err != nil {
+	// The view admits its owner (and uids it lets in), not root: the
+	// init reaches it as the owner.
+	if err := asOwner(s, func() error { return clone("/workspace", s.Workspace, attrData) }); err != nil {
 		return nil, step("clone workspace", err)
 	}
-	if err := clone("/memories", s.Memories, attrData); err != nil {
+	if err := asOwner(s, func() error { return clone("/memories", s.Memories, attrData) }); err != nil {
 		return nil, step("clone memories", err)
 	}
 	al, err := newAllowState(is.Entries, h)

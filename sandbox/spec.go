@@ -71,15 +71,11 @@ func (s *Spec) validate() error {
 		return fmt.Errorf("cwd %q is not a clean path under /workspace or /memories", s.Cwd)
 	}
 	for _, d := range []struct{ what, p string }{{"workspace", s.Workspace}, {"memories", s.Memories}} {
+		// Not looked at here: in the daemon these are its own FUSE
+		// views, which a process that serves them must not use; the
+		// init clones them and names the step that fails.
 		if !filepath.IsAbs(d.p) {
 			return fmt.Errorf("%s %q is not an absolute path", d.what, d.p)
-		}
-		fi, err := os.Stat(d.p)
-		if err != nil {
-			return fmt.Errorf("%s: %w", d.what, err)
-		}
-		if !fi.IsDir() {
-			return fmt.Errorf("%s %q is not a directory", d.what, d.p)
 		}
 	}
 	switch s.Network {

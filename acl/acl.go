@@ -1,6 +1,8 @@
 // Package acl holds the path rules and prompt-block rules of
 // conditions.toml, compiled into an immutable Config that answers "may this
-// context see this path?" on every FUSE lookup.
+// context see this path?" on every FUSE lookup, and the [sandbox] table
+// with the exec rules that answer "may a run in this context execute this
+// file?" (sandbox.go).
 //
 // A Config is a snapshot: it is built whole, validated, and never changed.
 // Hot reload builds a new one and swaps a pointer, so a reader sees either
@@ -25,24 +27,33 @@ import (
 	cctx "github.com/condfs/condfs/context"
 )
 
-// Space is one of the two gated trees.
+// Space is a space of path rules: one of the two gated trees a view
+// shows, or Exec, the programs a sandboxed run may execute (sandbox.go).
 type Space uint8
 
 // The spaces.
 const (
 	Memories Space = iota
 	Workspace
+	Exec
 	numSpaces
 )
 
 func (s Space) String() string {
-	if s == Workspace {
+	switch s {
+	case Memories:
+		return "memories"
+	case Workspace:
 		return "workspace"
+	case Exec:
+		return "exec"
 	}
-	return "memories"
+	return fmt.Sprintf("space(%d)", uint8(s))
 }
 
-// ParseSpace reads "memories" or "workspace".
+// ParseSpace reads the name of a view space, "memories" or "workspace".
+// It never answers Exec: views look their root's names up with it, and
+// exec is not a tree a view shows.
 func ParseSpace(s string) (Space, error) {
 	switch s {
 	case "memories":
@@ -53,7 +64,19 @@ func ParseSpace(s string) (Space, error) {
 	return 0, fmt.Errorf("space %q: want memories or workspace", s)
 }
 
-// Spaces lists the spaces in order.
+// ParseRuleSpace reads the name of any space of path rules: "memories",
+// "workspace" or "exec". For checks, not for views (see ParseSpace).
+func ParseRuleSpace(s string) (Space, error) {
+	if s == "exec" {
+		return Exec, nil
+	}
+	if sp, err := ParseSpace(s); err == nil {
+		return sp, nil
+	}
+	return 0, fmt.Errorf("space %q: want memories, workspace or exec", s)
+}
+
+// Spaces lists the view spaces in order (Exec is not one).
 var Spaces = []Space{Memories, Workspace}
 
 // Canon canonicalises a requested path: a leading "/" added, ".", ".." and
@@ -69,10 +92,11 @@ func Canon(p string) (string, error) {
 // Config is a loaded conditions.toml. It is immutable and safe for
 // concurrent use.
 type Config struct {
-	file   string
-	spaces [numSpaces]*node
-	ruled  [numSpaces]bool
-	blocks []blockRule
+	file    string
+	spaces  [numSpaces]*node
+	ruled   [numSpaces]bool
+	blocks  []blockRule
+	sandbox *Sandbox // nil: no [sandbox] table, nothing may be executed
 }
 
 type rule struct {

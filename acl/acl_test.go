@@ -123,6 +123,10 @@ func TestLoadErrorPositions(t *testing.T) {
 		{"[blocks.x]\nwhen = \"tui\"\naction = \"allow\"\n", "c.toml:3:11: [blocks.x]: action must be \"load\""},
 		{"x = [\n", "c.toml:"},
 		{"[memories]\n\"//a\" = {when = \"tui\", action = \"allow\"}\n", "c.toml:2:10: [memories.\"//a\"]: a key must not hold \"//\""},
+		// A scalar where a table belongs once loaded as no rules.
+		{"memories = 1\n", "c.toml:1:12: [memories] must be a table"},
+		{"\nblocks = \"x\"\n", "c.toml:2:11: [blocks] must be a table"},
+		{"workspace = [1]\n", "c.toml:1:14: [workspace] must be a table"},
 	} {
 		_, err := Parse("c.toml", []byte(tc.text))
 		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {

@@ -25,6 +25,9 @@ func FuzzDecide(f *testing.F) {
 			strings.Contains(canon, "//") || (canon != "/" && strings.HasSuffix(canon, "/")) {
 			t.Fatalf("%q canonicalised to %q", p, canon)
 		}
+		if want := strings.HasPrefix(p, "/") && canon == p && p != "/"; execPathOK(p) != want {
+			t.Fatalf("execPathOK(%q) = %v, want %v", p, !want, want)
+		}
 		again, _ := Canon(canon)
 		if again != canon {
 			t.Fatalf("Canon not idempotent: %q -> %q -> %q", p, canon, again)
@@ -54,6 +57,9 @@ func FuzzParseConditions(f *testing.F) {
 	f.Add([]byte("a = " + strings.Repeat("[", 5000) + strings.Repeat("]", 5000)))
 	f.Add([]byte("a = " + strings.Repeat("{b=", 200) + "1" + strings.Repeat("}", 200)))
 	f.Add([]byte("x = \"[[[[\"\n[memories.\"/p/\"]\nwhen = \"tui\"\naction = \"allow\"\n"))
+	f.Add([]byte(sandboxDesign))
+	f.Add([]byte("[sandbox]\nbinaries = [\"/\"]\nnetwork = \"policy\"\nmemory = 1\ntmp_size = \"9223372036854775807B\"\nreach_private = [\"::/0\", \"0.0.0.0/0\"]\n"))
+	f.Add([]byte("sandbox = {binaries = [\"/bin/\"], pids = 1}\n[exec]\n\"/bin/sh\" = {when = \"!tui\", action = \"deny\"}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse("f.toml", data)
 		if err != nil {
@@ -62,6 +68,17 @@ func FuzzParseConditions(f *testing.F) {
 			}
 			return
 		}
-		c.Visible(Memories, "/p/x", set(t, "tui"))
+		tui := set(t, "tui")
+		c.Visible(Memories, "/p/x", tui)
+		// Nothing is executable without a [sandbox] that lists it.
+		for _, p := range []string{"/bin/sh", "/usr/bin/x", "/workspace/x", "/"} {
+			allowed := c.ExecAllowed(tui, p)
+			if allowed && (c.Sandbox() == nil || !c.Sandbox().Listed(p)) {
+				t.Fatalf("%s allowed but not listed", p)
+			}
+			if ex, err := c.ExplainExec(p, tui); err != nil || (ex.Decision == "allow") != allowed {
+				t.Fatalf("ExplainExec(%s) = %+v, %v; ExecAllowed %v", p, ex, err, allowed)
+			}
+		}
 	})
 }

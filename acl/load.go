@@ -99,12 +99,20 @@ func (l *loader) parse(data []byte) (*Config, error) {
 			if err := l.space(c, sp, prim); err != nil {
 				return nil, err
 			}
+		case "exec":
+			if err := l.space(c, Exec, prim); err != nil {
+				return nil, err
+			}
+		case "sandbox":
+			if err := l.sandbox(c, prim); err != nil {
+				return nil, err
+			}
 		case "blocks":
 			if err := l.blocks(c, prim); err != nil {
 				return nil, err
 			}
 		default:
-			return nil, l.failAt(prim, "unknown table [%s] (want [memories.\"/path/\"], [workspace.\"/path/\"] or [blocks.NAME])", name)
+			return nil, l.failAt(prim, "unknown table [%s] (want [memories.\"/path/\"], [workspace.\"/path/\"], [exec.\"/path\"], [sandbox] or [blocks.NAME])", name)
 		}
 	}
 	return c, nil
@@ -113,6 +121,12 @@ func (l *loader) parse(data []byte) (*Config, error) {
 // tableOf decodes a table into its keys in file order.
 func (l *loader) tableOf(prim toml.Primitive, prefix toml.Key, what string) ([]string, map[string]toml.Primitive, error) {
 	var m map[string]toml.Primitive
+	// The decoder turns a scalar into an empty map without complaint
+	// ("memories = 1" would load as no rules); implicit parent tables of
+	// dotted headers have no type.
+	if t := l.md.Type(prefix...); t != "" && t != "Hash" {
+		return nil, nil, l.failAt(prim, "%s must be a table", what)
+	}
 	if err := l.md.PrimitiveDecode(prim, &m); err != nil {
 		return nil, nil, l.failAt(prim, "%s must be a table", what)
 	}
@@ -229,6 +243,10 @@ func (l *loader) space(c *Config, sp Space, prim toml.Primitive) error {
 	for _, key := range keys {
 		what := fmt.Sprintf("[%s.%q]", sp, key)
 		rp := rules[key]
+		if sp == Exec && !strings.HasPrefix(key, "/") {
+			// A host path: a relative key would name nothing in particular.
+			return l.failAt(rp, "%s: an exec key is an absolute path", what)
+		}
 		norm, err := normaliseKey(key)
 		if err != nil {
 			return l.failAt(rp, "%s: %v", what, err)

@@ -51,6 +51,11 @@ const (
 	CodeForbidden = -32012
 	// CodeBusy: the connection limit is reached.
 	CodeBusy = -32013
+	// CodeRunDenied: a run the policy denies, or a command the run may
+	// not execute (condfs run exits 126); CodeRunNotFound: a command that
+	// exists nowhere (127). Every other error of run exits 125.
+	CodeRunDenied   = -32020
+	CodeRunNotFound = -32021
 )
 
 type peerKey struct{}
@@ -302,38 +307,42 @@ type response struct {
 	Error   *Error          `json:"error,omitempty"`
 }
 
+// write sends one answer; false when the client does not take it.
+func (s *Server) write(c *net.UnixConn, w *bufio.Writer, resp response) bool {
+	resp.JSONRPC = "2.0"
+	if resp.ID == nil {
+		resp.ID = json.RawMessage("null")
+	}
+	if resp.Error == nil && resp.Result == nil {
+		resp.Result = struct{}{}
+	}
+	if resp.Error != nil {
+		s.onError(resp.Error.Code)
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b, _ = json.Marshal(response{JSONRPC: "2.0", ID: resp.ID, Error: Errorf(CodeInternal, "cannot encode the result: %v", err)})
+	}
+	c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
+	w.Write(b)
+	w.WriteByte('\n')
+	return w.Flush() == nil
+}
+
 func (s *Server) serveConn(sl *slot) {
 	c := sl.c
 	defer c.Close()
 	w := bufio.NewWriter(c)
-	send := func(resp response) bool {
-		resp.JSONRPC = "2.0"
-		if resp.ID == nil {
-			resp.ID = json.RawMessage("null")
-		}
-		if resp.Error == nil && resp.Result == nil {
-			resp.Result = struct{}{}
-		}
-		if resp.Error != nil {
-			s.onError(resp.Error.Code)
-		}
-		b, err := json.Marshal(resp)
-		if err != nil {
-			b, _ = json.Marshal(response{JSONRPC: "2.0", ID: resp.ID, Error: Errorf(CodeInternal, "cannot encode the result: %v", err)})
-		}
-		c.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
-		w.Write(b)
-		w.WriteByte('\n')
-		return w.Flush() == nil
-	}
-	r := bufio.NewReaderSize(c, 64<<10)
-	ctx, cancel := context.WithCancel(WithPeerUID(context.Background(), sl.uid))
+	fc := newFDConn(c)
+	defer fc.drop()
+	r := bufio.NewReaderSize(fc, 64<<10)
+	ctx, cancel := context.WithCancel(context.WithValue(WithPeerUID(context.Background(), sl.uid), filesKey{}, fc))
 	defer cancel()
 	for {
 		c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
 		line, tooLong, err := ReadLine(r, MaxLine, false)
 		if tooLong {
-			send(response{Error: Errorf(CodeInvalidRequest, "request line over %d bytes; closing the connection", MaxLine)})
+			s.write(c, w, response{Error: Errorf(CodeInvalidRequest, "request line over %d bytes; closing the connection", MaxLine)})
 			return
 		}
 		if err != nil && (err != io.EOF || len(line) == 0) {
@@ -351,7 +360,15 @@ func (s *Server) serveConn(sl *slot) {
 			return // closed early: a request that came too late is not served
 		}
 		resp, reply := s.handle(ctx, line)
-		sent := !reply || send(resp)
+		if t, ok := resp.Result.(Takeover); ok {
+			fc.drop()
+			c.SetReadDeadline(time.Time{})
+			t(ctx, &Stream{Conn: c, R: r, ID: resp.ID, w: w, srv: s})
+			s.end(sl)
+			return
+		}
+		fc.drop()
+		sent := !reply || s.write(c, w, resp)
 		s.end(sl)
 		if !sent {
 			return

@@ -112,6 +112,7 @@ type session struct {
 	allowUIDs []uint32
 	view      *fsys.View // nil while the session is being opened
 
+	runs      runs       // its condfs runs (run.go)
 	switchMu  sync.Mutex // one context switch at a time
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
@@ -352,6 +353,8 @@ func (d *Daemon) closeSession(id string) error {
 	if !ok || s.view == nil {
 		return nil
 	}
+	// No process outlives its session's authority: the runs end first.
+	s.runs.closeAll()
 	err := s.view.Unmount()
 	d.log.Info("session closed", "session", id, "err", err)
 	d.dropSession(s, !d.closing.Load())
@@ -403,17 +406,20 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 	if condChanged {
 		d.log.Info("conditions reloaded", "generation", d.conditions.status().Generation)
 		d.mu.Lock()
-		views := make([]*fsys.View, 0, len(d.sessions))
+		sessions := make([]*session, 0, len(d.sessions))
 		for _, s := range d.sessions {
 			if s.view != nil {
-				views = append(views, s.view)
+				sessions = append(sessions, s)
 			}
 		}
 		d.mu.Unlock()
-		for _, v := range views {
-			if err := v.Invalidate(oldRules); err != nil {
-				d.log.Warn("invalidate view", "mount", v.Mountpoint(), "err", err)
+		for _, s := range sessions {
+			if err := s.view.Invalidate(oldRules); err != nil {
+				d.log.Warn("invalidate view", "mount", s.view.Mountpoint(), "err", err)
 			}
+			s.switchMu.Lock()
+			d.allowRuns(s, d.conditions.Load(), s.view.Context())
+			s.switchMu.Unlock()
 		}
 	}
 	return d.configStatus()
@@ -581,6 +587,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if err := s.view.SetContext(set); err != nil {
 			return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 		}
+		d.allowRuns(s, d.conditions.Load(), set)
 		d.metrics.ContextSwitch(time.Since(start))
 		d.log.Info("context set", "session", s.id, "atoms", set.Atoms())
 		return map[string]any{"atoms": set.Atoms()}, nil
@@ -624,14 +631,20 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		if cerr != nil {
 			return nil, cerr
 		}
-		sp, err := acl.ParseSpace(p.Space)
+		sp, err := acl.ParseRuleSpace(p.Space)
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
 		}
 		if p.Path == nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "path is required")
 		}
-		ex, err := d.conditions.Load().ExplainView(sp, *p.Path, set)
+		var ex acl.Explanation
+		if cfg := d.conditions.Load(); sp == acl.Exec {
+			// What a run in this context may execute: binaries and the exec rules.
+			ex, err = cfg.ExplainExec(*p.Path, set)
+		} else {
+			ex, err = cfg.ExplainView(sp, *p.Path, set)
+		}
 		if err != nil {
 			return nil, control.Errorf(control.CodeInvalidParams, "path: %v", err)
 		}
@@ -641,6 +654,8 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 		return ex, nil
 	case "tool.decide":
 		return d.decide(ctx, params)
+	case "run":
+		return d.run(ctx, params)
 	case "tools.callable":
 		// Which of these tools could the roles ever call (a gateway leaves
 		// the others out of a listing)? Constraints are not evaluated.

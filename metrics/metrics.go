@@ -37,7 +37,7 @@ type Metrics struct {
 // Fixed label sets: anything else is counted as "other".
 var (
 	decisionValues = set("allow", "deny", "approval_required")
-	spaceValues    = set("memories", "workspace")
+	spaceValues    = set("memories", "workspace", "exec")
 	pathOps        = set("lookup", "mutate", "create", "exchange", "io", "open of a special file")
 	fileValues     = set("conditions", "policy")
 	outcomeValues  = set("ok", "error", "unchanged")

@@ -29,18 +29,18 @@ func loadConditions(path string, stderr io.Writer) (*acl.Config, error) {
 func runACL(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "check" {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-			fmt.Fprintln(stdout, "Usage: condfs acl check --conditions FILE --space memories|workspace --path P [--context ATOM]...")
+			fmt.Fprintln(stdout, "Usage: condfs acl check --conditions FILE --space memories|workspace|exec --path P [--context ATOM]...")
 			return nil
 		}
-		fmt.Fprintln(stderr, "Usage: condfs acl check --conditions FILE --space memories|workspace --path P [--context ATOM]...")
+		fmt.Fprintln(stderr, "Usage: condfs acl check --conditions FILE --space memories|workspace|exec --path P [--context ATOM]...")
 		return exitError{exitUsage}
 	}
 	fs := newFlags("acl check",
-		"condfs acl check --conditions FILE --space memories|workspace --path P [--context ATOM]...",
-		"Would a session with these atoms see this path? Prints {\"decision\",\"rules\"}.\nNo --context means the empty context.", stderr)
+		"condfs acl check --conditions FILE --space memories|workspace|exec --path P [--context ATOM]...",
+		"Would a session with these atoms see this path (memories, workspace), or may a run in it\nexecute this file (exec: an absolute path, listed in [sandbox] binaries and allowed by the\nexec rules)? Prints {\"decision\",\"path\",\"rules\",\"why\"}. No --context means the empty context.", stderr)
 	conditions := fs.String("conditions", "", "the conditions.toml file")
-	space := fs.String("space", "", "memories or workspace")
-	p := fs.String("path", "", "the path, relative to the space root")
+	space := fs.String("space", "", "memories, workspace or exec")
+	p := fs.String("path", "", "the path, relative to the space root (exec: an absolute path)")
 	atoms := fs.StringArray("context", nil, "an atom of the session's context; repeat")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
@@ -48,7 +48,7 @@ func runACL(args []string, stdout, stderr io.Writer) error {
 	if *conditions == "" || *space == "" || !fs.Changed("path") {
 		return usageErr(stderr, fs, "--conditions, --space and --path are required")
 	}
-	sp, err := acl.ParseSpace(*space)
+	sp, err := acl.ParseRuleSpace(*space)
 	if err != nil {
 		return usageErr(stderr, fs, "%v", err)
 	}
@@ -60,7 +60,12 @@ func runACL(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ex, err := c.ExplainView(sp, *p, set)
+	var ex acl.Explanation
+	if sp == acl.Exec {
+		ex, err = c.ExplainExec(*p, set)
+	} else {
+		ex, err = c.ExplainView(sp, *p, set)
+	}
 	if err != nil {
 		return usageErr(stderr, fs, "--path: %v", err)
 	}

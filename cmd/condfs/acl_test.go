@@ -111,3 +111,57 @@ func TestACLConformance(t *testing.T) {
 		t.Fatalf("only %d cases ran", ran)
 	}
 }
+
+// TestACLCheckExec: acl check --space exec answers what a run in the
+// context may execute: listed in [sandbox] binaries and allowed by the
+// exec rules.
+func TestACLCheckExec(t *testing.T) {
+	dir := t.TempDir()
+	f := writeFile(t, dir, "conditions.toml", `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/cat", "/usr/lib/git-core/"]
+
+[exec."/usr/bin/cat"]
+when = "discord:dm"
+action = "allow"
+`)
+	dm := []string{"--context", "discord:dm", "--context", "discord:dm:5", "--context", "discord:channel:5"}
+	guild := []string{"--context", "discord:guild:1", "--context", "discord:channel:7"}
+	for _, tc := range []struct {
+		path string
+		ctx  []string
+		want string
+		why  string
+	}{
+		{"/usr/bin/cat", dm, "allow", "allow rule /usr/bin/cat holds"},
+		{"/usr/bin/cat", guild, "deny", "no matching rule's condition holds"},
+		{"/usr/bin/cat", nil, "deny", "no matching rule's condition holds"},
+		{"/bin/sh", guild, "allow", "no rule matches the path"},
+		{"/usr/lib/git-core/git-remote-http", guild, "allow", "no rule matches the path"},
+		{"/usr/bin/nc", dm, "deny", "/usr/bin/nc is not listed in [sandbox] binaries"},
+	} {
+		args := append([]string{"acl", "check", "--conditions", f, "--space", "exec", "--path", tc.path}, tc.ctx...)
+		r := condfs(t, nil, args...)
+		var out struct {
+			Decision string `json:"decision"`
+			Why      string `json:"why"`
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || out.Decision != tc.want || out.Why != tc.why {
+			t.Errorf("%s %v: exit %d %s %s; want %s, %q", tc.path, tc.ctx, r.code, r.stdout, r.stderr, tc.want, tc.why)
+		}
+	}
+	if r := condfs(t, nil, "acl", "check", "--conditions", f, "--space", "exec", "--path", "usr/bin/cat"); r.code != 2 || !strings.Contains(r.stderr, "an exec path is absolute") {
+		t.Errorf("relative path: exit %d %s", r.code, r.stderr)
+	}
+	none := writeFile(t, dir, "none.toml", "[exec.\"/bin/\"]\nwhen = \"tui\"\naction = \"allow\"\n")
+	if r := condfs(t, nil, "acl", "check", "--conditions", none, "--space", "exec", "--path", "/bin/sh", "--context", "tui"); r.code != 0 || !strings.Contains(r.stdout, "no binaries are allowed") {
+		t.Errorf("no [sandbox]: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	bad := writeFile(t, dir, "bad.toml", "[sandbox]\nbinaries = [\"/bin/sh\"]\nnetwork = \"bridge\"\n")
+	if r := condfs(t, nil, "acl", "check", "--conditions", bad, "--space", "exec", "--path", "/bin/sh"); r.code != 2 || !strings.HasPrefix(r.stderr, bad+":3:12: [sandbox]: network must be") {
+		t.Errorf("bad [sandbox]: exit %d %q", r.code, r.stderr)
+	}
+	if r := condfs(t, nil, "acl", "check", "--conditions", f, "--space", "sandbox", "--path", "/bin/sh"); r.code != 2 || !strings.Contains(r.stderr, "want memories, workspace or exec") {
+		t.Errorf("unknown space: exit %d %q", r.code, r.stderr)
+	}
+}

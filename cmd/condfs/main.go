@@ -9,6 +9,8 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
+
+	"github.com/condfs/condfs/sandbox"
 )
 
 // exitError carries an exit status up to main.
@@ -38,6 +40,7 @@ func commands() []command {
 		{"blocks", "list the prompt blocks a context selects, offline", runBlocks},
 		{"hook", "enforce the policy in an agent runtime's hook (claude-code)", runHook},
 		{"mcp", "enforce the policy between an MCP client and server (proxy)", runMCP},
+		{"run", "run a command in a sandbox under a session's authority", runRun},
 		{"completion", "print a shell completion script (bash, zsh or fish)", runCompletion},
 		{"help", "show this help", nil},
 	}
@@ -61,6 +64,11 @@ func usage(w io.Writer) {
 }
 
 func main() {
+	// The daemon re-executes itself as a sandbox's init (package sandbox):
+	// that process must do nothing else.
+	if len(os.Args) > 1 && os.Args[1] == "sandbox-init" {
+		sandbox.InitMain()
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -42,7 +42,10 @@ func TestSchemas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conds = append(conds, file{"examples/agent/config/conditions.toml", string(b)})
+	conds = append(conds, file{"examples/agent/config/conditions.toml", string(b)},
+		file{"sandbox", "[sandbox]\nbinaries = [\"/bin/sh\", \"/usr/lib/git-core/\"]\nnetwork = \"policy\"\nmemory = 1048576\ntmp_size = \"64MiB\"\npids = 8\nconnections = 4\nreach_private = [\"10.0.0.0/8\", \"fd00::1\"]\n[exec.\"/usr/lib/git-core/\"]\nwhen = \"tui\"\naction = \"deny\"\n"},
+		file{"sandbox unknown key", "[sandbox]\nbinaries = []\nshell = \"/bin/sh\"\n"},
+		file{"sandbox in exec", "[exec.\"/bin/sh\"]\nwhen = \"tui\"\naction = \"allow\"\nbinaries = []\n"})
 	cases, err := conformance.Load("constraints.jsonl")
 	if err != nil {
 		t.Fatal(err)

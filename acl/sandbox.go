@@ -1,0 +1,219 @@
+package acl
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+
+	cctx "github.com/condfs/condfs/context"
+)
+
+// What a sandboxed run (condfs run) may execute: the [sandbox] table and
+// the path rules of the Exec space.
+//
+// Paths here are absolute, as the run names them: host paths, except that
+// /workspace/... and /memories/... name files of the session's view. A
+// file may be executed when it is listed in binaries (exactly, or beneath
+// a listed directory) and the exec rules allow its path in the context
+// (the four steps of Decide). A view file must also be visible in the
+// view, although a hidden one could not be reached anyway.
+//
+// A listed name that is a symlink (/usr/bin/python3 and the alternatives)
+// stands for the file it resolves to. Decisions are made on the name; the
+// caller that resolves it executes only the file the name resolves to
+// (checked by device and inode at execution), never a file reached by
+// another name unless that name is decided on its own.
+//
+// Fail-closed choices: no [sandbox] table allows nothing; a path that is
+// relative, not canonical ("/usr/bin/../bin/x", "//", a trailing "/") or
+// holds a NUL is never allowed (the caller resolves names, acl never does).
+
+// Network is how a run reaches the network.
+type Network string
+
+// The network modes.
+const (
+	NetworkNone   Network = "none"   // its own namespace, loopback only (the default)
+	NetworkHost   Network = "host"   // the host's network
+	NetworkPolicy Network = "policy" // every connection decided by the egress gateway
+)
+
+// DefaultConnections bounds a run's open connections under NetworkPolicy
+// when the table sets none.
+const DefaultConnections = 256
+
+// Sandbox is a loaded [sandbox] table. Like its Config it is immutable:
+// accessors hand out copies.
+type Sandbox struct {
+	binaries     []string        // as written, canonical; directories end in "/"
+	files        map[string]bool // listed files
+	dirs         map[string]bool // listed directories, without the trailing "/" ("" for "/")
+	network      Network
+	memory       int64 // bytes; 0: unset
+	tmpSize      int64 // bytes; 0: unset
+	pids         int   // 0: unset
+	connections  int
+	reachPrivate []netip.Prefix
+}
+
+// Sandbox returns the [sandbox] table, or nil when the file has none: then
+// no program may be executed and condfs run refuses.
+func (c *Config) Sandbox() *Sandbox { return c.sandbox }
+
+// Binaries lists the binaries entries in file order; directories end in "/".
+func (s *Sandbox) Binaries() []string { return append([]string(nil), s.binaries...) }
+
+// Network is the network mode (NetworkNone when unset).
+func (s *Sandbox) Network() Network { return s.network }
+
+// Memory is a run's memory limit in bytes, 0 when unset.
+func (s *Sandbox) Memory() int64 { return s.memory }
+
+// TmpSize bounds /tmp and /dev/shm together, in bytes; 0 when unset (the
+// sandbox then applies its own default).
+func (s *Sandbox) TmpSize() int64 { return s.tmpSize }
+
+// Pids is a run's process limit, 0 when unset.
+func (s *Sandbox) Pids() int { return s.pids }
+
+// Connections bounds a run's open connections under NetworkPolicy.
+func (s *Sandbox) Connections() int { return s.connections }
+
+// ReachPrivate lists the private or local prefixes a run may reach under
+// NetworkPolicy (single addresses as full-length prefixes).
+func (s *Sandbox) ReachPrivate() []netip.Prefix {
+	return append([]netip.Prefix(nil), s.reachPrivate...)
+}
+
+// MayReachPrivate reports whether reach_private lists addr. An IPv4-mapped
+// IPv6 address is its IPv4 address; a zone is ignored.
+func (s *Sandbox) MayReachPrivate(addr netip.Addr) bool {
+	addr = addr.Unmap().WithZone("")
+	for _, p := range s.reachPrivate {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// Listed reports whether the canonical absolute path p is listed in
+// binaries, exactly or beneath a listed directory. It does not look at the
+// exec rules.
+func (s *Sandbox) Listed(p string) bool {
+	if !execPathOK(p) {
+		return false
+	}
+	if s.files[p] {
+		return true
+	}
+	// Every directory above p, from p's parent up to "/" ("").
+	for i := strings.LastIndexByte(p, '/'); i >= 0; i = strings.LastIndexByte(p[:i], '/') {
+		if s.dirs[p[:i]] {
+			return true
+		}
+	}
+	return false
+}
+
+// execPathOK: p is absolute and canonical (Canon(p) == p), not "/", with
+// no NUL. It does not allocate.
+func execPathOK(p string) bool {
+	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' || strings.IndexByte(p, 0) >= 0 {
+		return false
+	}
+	for i := 1; i < len(p); {
+		seg, next := segment(p, i)
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+		i = next
+	}
+	return true
+}
+
+// viewPath splits a path of the view (/workspace/x, /memories/x) into its
+// space and the path in it.
+func viewPath(p string) (Space, string, bool) {
+	for _, v := range [...]struct {
+		sp   Space
+		root string
+	}{{Memories, "/memories"}, {Workspace, "/workspace"}} {
+		if p == v.root {
+			return v.sp, "/", true
+		}
+		if len(p) > len(v.root) && p[len(v.root)] == '/' && p[:len(v.root)] == v.root {
+			return v.sp, p[len(v.root):], true
+		}
+	}
+	return 0, "", false
+}
+
+// ErrNoSandbox is why nothing may be executed under a conditions.toml
+// without a [sandbox] table.
+var ErrNoSandbox = errors.New("conditions.toml has no [sandbox] table: no binaries are allowed")
+
+// ExecAllowed reports whether a run in context atoms may execute the file
+// named p: p is canonical and absolute, listed in binaries, the exec rules
+// allow it, and a file of the view is visible there. p is the name as
+// listed or as found beneath a listed directory, not its symlink target
+// (see the comment at the top of this file). It does not allocate: it may
+// run for every execve.
+func (c *Config) ExecAllowed(atoms cctx.Set, p string) bool {
+	if c.sandbox == nil || !c.sandbox.Listed(p) {
+		return false
+	}
+	if allow, _ := c.Decide(Exec, p, atoms); !allow {
+		return false
+	}
+	if sp, rest, ok := viewPath(p); ok {
+		if vis, _ := c.Visible(sp, rest, atoms); !vis {
+			return false
+		}
+	}
+	return true
+}
+
+// AllowedBinaries returns, in order, the names a run in context atoms may
+// execute (ExecAllowed) among names: the files the caller found for the
+// binaries entries, each by the name it is listed under.
+func (c *Config) AllowedBinaries(atoms cctx.Set, names []string) []string {
+	out := []string{}
+	for _, n := range names {
+		if c.ExecAllowed(atoms, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// ExplainExec answers what ExecAllowed does for a path as a client sends
+// it, with the exec rules that matched. The path must be absolute; it is
+// canonicalised lexically first (Canon), which ExecAllowed itself never
+// does.
+func (c *Config) ExplainExec(raw string, atoms cctx.Set) (Explanation, error) {
+	if !strings.HasPrefix(raw, "/") {
+		return Explanation{}, errors.New("an exec path is absolute")
+	}
+	canon, err := Canon(raw)
+	if err != nil {
+		return Explanation{}, err
+	}
+	ex := c.Explain(Exec, canon, atoms)
+	if ex.Decision == "deny" {
+		return ex, nil
+	}
+	switch {
+	case c.sandbox == nil:
+		ex.Decision, ex.Why = "deny", ErrNoSandbox.Error()
+	case !c.sandbox.Listed(canon):
+		ex.Decision, ex.Why = "deny", canon+" is not listed in [sandbox] binaries"
+	default:
+		if sp, rest, ok := viewPath(canon); ok {
+			if vis, _ := c.Visible(sp, rest, atoms); !vis {
+				ex.Decision, ex.Why = "deny", "the view hides "+canon
+			}
+		}
+	}
+	return ex, nil
+}

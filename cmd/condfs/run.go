@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/condfs/condfs/control"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+)
+
+// Exit statuses of condfs run besides the command's own (sandbox.md).
+const (
+	exitRunTimeout  = 124
+	exitRunFailed   = 125
+	exitRunDenied   = 126
+	exitRunNotFound = 127
+)
+
+const runUsage = `Usage: condfs run [--socket PATH] --session ID [--role R]... [--cwd DIR] [--env NAME=VALUE]... [--timeout DURATION] -- COMMAND [ARG]...
+
+Runs COMMAND in a sandbox whose only memories/ and workspace/ are the session's
+live view, which may execute only the binaries the session's context allows
+([sandbox] and [exec."..."] in conditions.toml). Stdio is passed through and
+SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on; nothing outlives the run.
+Exit status: the command's (128+N for signal N), 124 timeout, 125 condfs could
+not run it, 126 denied or not executable, 127 not found.
+
+Flags:
+`
+
+func runRun(args []string, stdout, stderr io.Writer) error {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, runUsage); fs.PrintDefaults() }
+	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	session := fs.String("session", "", "the session whose authority the command runs under (required)")
+	roles := fs.StringArray("role", nil, "the caller's role for the policy's exec decision (repeatable)")
+	cwd := fs.String("cwd", "/workspace", "working directory inside the sandbox, under /workspace or /memories")
+	env := fs.StringArray("env", nil, "NAME=VALUE added to the command's environment (repeatable)")
+	timeout := fs.Duration("timeout", 0, "kill every process of the run after this long (exit 124); 0: none")
+	tty := fs.Bool("tty", false, "give the command a terminal of its own (not yet supported: refused)")
+	fail := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, "condfs run: "+format+"\n", a...)
+		return exitError{exitRunFailed}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return exitError{exitRunFailed}
+	}
+	argv := fs.Args()
+	switch {
+	case *session == "":
+		return fail("--session is required")
+	case len(argv) == 0:
+		return fail("no command: condfs run --session ID -- COMMAND [ARG]...")
+	case *tty:
+		return fail("--tty is not supported yet")
+	case *timeout < 0:
+		return fail("--timeout must not be negative")
+	}
+	for _, e := range *env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return fail("--env %q: want NAME=VALUE", e)
+		}
+	}
+	conn, err := net.DialTimeout("unix", *socket, 5*time.Second)
+	if err != nil {
+		return fail("the daemon at %s is unreachable: %v", *socket, err)
+	}
+	c := conn.(*net.UnixConn)
+	defer c.Close()
+	req, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0", "id": 1, "method": "run",
+		"params": map[string]any{
+			"session": *session, "roles": *roles, "argv": argv, "cwd": *cwd, "env": *env,
+			"timeout_ms": timeout.Milliseconds(), "lang": os.Getenv("LANG"), "term": os.Getenv("TERM"),
+		},
+	})
+	// Our stdio goes with the request: the command reads and writes it
+	// directly, with nothing relayed.
+	if _, _, err := c.WriteMsgUnix(append(req, '\n'), unix.UnixRights(0, 1, 2), nil); err != nil {
+		return fail("send the request: %v", err)
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+	go func() {
+		for s := range sigs {
+			line, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "run.signal", "params": map[string]any{"signal": int(s.(syscall.Signal))}})
+			c.Write(append(line, '\n'))
+		}
+	}()
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		return fail("the daemon closed the connection before the command ended: %v", err)
+	}
+	var resp struct {
+		Result *struct {
+			Exit    int    `json:"exit"`
+			Message string `json:"message"`
+		} `json:"result"`
+		Error *control.Error `json:"error"`
+	}
+	if err := json.Unmarshal(line, &resp); err != nil {
+		return fail("an answer it cannot read: %v", err)
+	}
+	if resp.Error != nil {
+		code := exitRunFailed
+		switch resp.Error.Code {
+		case control.CodeRunDenied:
+			code = exitRunDenied
+		case control.CodeRunNotFound:
+			code = exitRunNotFound
+		}
+		fmt.Fprintf(stderr, "condfs run: %s\n", resp.Error.Message)
+		return exitError{code}
+	}
+	if resp.Result == nil {
+		return fail("an answer with neither a result nor an error")
+	}
+	if resp.Result.Message != "" {
+		fmt.Fprintf(stderr, "condfs run: %s\n", resp.Result.Message)
+	}
+	if resp.Result.Exit == 0 {
+		return nil
+	}
+	return exitError{resp.Result.Exit}
+}

@@ -1,0 +1,437 @@
+package daemon
+
+// condfs run, the daemon's side: a run is decided (the policy's tool
+// `exec`), built (package sandbox), kept live (the binaries its session's
+// context allows, on every switch and reload before they return), and
+// ended with its session. The client's connection is the run's lifeline: it
+// brings the client's stdio (SCM_RIGHTS), carries the signals it forwards,
+// and its end kills the run.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/condfs/condfs/acl"
+	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// activeRun is one run of a session.
+type activeRun struct {
+	r        *sandbox.Run
+	binaries []string // [sandbox] binaries when it started
+	mu       sync.Mutex
+	reason   string // why the daemon ended it: "timeout", "closed", "gone"
+}
+
+func (a *activeRun) end(reason string) {
+	a.mu.Lock()
+	if a.reason == "" {
+		a.reason = reason
+	}
+	a.mu.Unlock()
+	a.r.Kill()
+}
+
+// runs is a session's runs; closed once the session closes (no run
+// starts after).
+type runs struct {
+	mu     sync.Mutex
+	set    map[*activeRun]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func (rs *runs) add(a *activeRun) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.closed {
+		return false
+	}
+	if rs.set == nil {
+		rs.set = map[*activeRun]struct{}{}
+	}
+	rs.set[a] = struct{}{}
+	rs.wg.Add(1)
+	return true
+}
+
+func (rs *runs) remove(a *activeRun) {
+	rs.mu.Lock()
+	delete(rs.set, a)
+	rs.mu.Unlock()
+	rs.wg.Done()
+}
+
+func (rs *runs) list() []*activeRun {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	out := make([]*activeRun, 0, len(rs.set))
+	for a := range rs.set {
+		out = append(out, a)
+	}
+	return out
+}
+
+// closeAll kills every run and waits until each has ended: nothing of the
+// session's runs outlives it.
+func (rs *runs) closeAll() {
+	rs.mu.Lock()
+	rs.closed = true
+	rs.mu.Unlock()
+	for _, a := range rs.list() {
+		a.end("closed")
+	}
+	rs.wg.Wait()
+}
+
+// allowRuns tells each run of s which binaries its context allows now;
+// the caller holds s.switchMu.
+func (d *Daemon) allowRuns(s *session, cfg *acl.Config, set cctx.Set) {
+	for _, a := range s.runs.list() {
+		if err := a.r.Allow(allowedBinaries(cfg, set, a.binaries)); err != nil {
+			// A run whose allowlist cannot follow its context cannot go
+			// on (sandbox kills it; a run that has just ended reports
+			// this too).
+			d.log.Info("run: its binaries not updated; it is ended", "session", s.id, "err", err)
+			a.r.Kill()
+		}
+	}
+}
+
+// allowedBinaries is what of binaries the context allows (none without a
+// [sandbox] table).
+func allowedBinaries(cfg *acl.Config, set cctx.Set, binaries []string) []string {
+	if cfg.Sandbox() == nil {
+		return nil
+	}
+	return cfg.AllowedBinaries(set, binaries)
+}
+
+type runParams struct {
+	Session   string   `json:"session"`
+	Roles     []string `json:"roles"`
+	Argv      []string `json:"argv"`
+	Cwd       string   `json:"cwd"`
+	Env       []string `json:"env"`
+	TimeoutMS int64    `json:"timeout_ms"`
+	Lang      string   `json:"lang"`
+	Term      string   `json:"term"`
+}
+
+// runError: 125 unless a code says otherwise.
+func runError(format string, a ...any) *control.Error {
+	return control.Errorf(control.CodeRefused, format, a...)
+}
+
+func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	files := control.TakeFiles(ctx)
+	keep := false
+	defer func() {
+		if !keep {
+			for _, f := range files {
+				f.Close()
+			}
+		}
+	}()
+	var p runParams
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	s, cerr := d.session(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	if len(files) != 3 {
+		return nil, runError("run needs the caller's stdin, stdout and stderr passed with the request (SCM_RIGHTS); got %d descriptors", len(files))
+	}
+	for i, f := range files {
+		if err := stdioOK(f); err != nil {
+			return nil, runError("descriptor %d: %v", i, err)
+		}
+	}
+	if len(p.Argv) == 0 || p.Argv[0] == "" {
+		return nil, runError("no command")
+	}
+	if len(p.Argv) > 4096 {
+		return nil, runError("over 4096 arguments")
+	}
+	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/workspace", "CONDFS_SESSION=" + s.id}
+	if p.Lang != "" {
+		env = append(env, "LANG="+p.Lang)
+	}
+	if p.Term != "" {
+		env = append(env, "TERM="+p.Term)
+	}
+	for _, e := range p.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.ContainsRune(e, 0) {
+			return nil, runError("--env %q: want NAME=VALUE", e)
+		}
+		env = append(env, e)
+	}
+	cwd := p.Cwd
+	if cwd == "" {
+		cwd = "/workspace"
+	}
+	cfg := d.conditions.Load()
+	set := s.view.Context()
+	if err := d.checkCwd(cfg, set, cwd); err != nil {
+		return nil, err
+	}
+	sb := cfg.Sandbox()
+	if sb == nil {
+		return nil, runError("conditions.toml has no [sandbox] table: no binaries are allowed, so nothing can run")
+	}
+	// The run is first a tool call.
+	decideParams, _ := json.Marshal(map[string]any{"session": s.id, "roles": p.Roles, "tool": "exec",
+		"args": map[string]any{"argv": p.Argv, "cwd": cwd}})
+	res, derr := d.decide(ctx, decideParams)
+	if derr != nil {
+		return nil, derr
+	}
+	dec, _ := json.Marshal(res)
+	var decision struct {
+		Decision string   `json:"decision"`
+		Reasons  []string `json:"reasons"`
+	}
+	json.Unmarshal(dec, &decision)
+	switch decision.Decision {
+	case "allow":
+	case "approval_required":
+		return nil, control.Errorf(control.CodeRunDenied, "the policy requires an approval for exec %v; ask for it before calling condfs run", p.Argv)
+	default:
+		return nil, control.Errorf(control.CodeRunDenied, "the policy denies exec %v: %s", p.Argv, strings.Join(decision.Reasons, "; "))
+	}
+	allowed := allowedBinaries(cfg, set, sb.Binaries())
+	if err := commandAllowed(p.Argv[0], allowed); err != nil {
+		return nil, err
+	}
+	spec := sandbox.Spec{
+		Argv: p.Argv, Env: env, Cwd: cwd,
+		UID: s.owner, GID: s.owner,
+		Workspace: s.view.Mountpoint() + "/workspace", Memories: s.view.Mountpoint() + "/memories",
+		Binaries: sb.Binaries(), Allowed: allowed,
+		Network: string(sb.Network()), TmpSize: sb.TmpSize(), Memory: sb.Memory(), Pids: sb.Pids(),
+		UserNS: os.Geteuid() != 0,
+	}
+	if gid, groups, err := userGroups(s.owner); err == nil {
+		spec.GID, spec.Groups = gid, groups
+	}
+	r, err := sandbox.Start(spec, files[0], files[1], files[2])
+	if err != nil {
+		return nil, runError("cannot build the sandbox: %v", err)
+	}
+	for _, f := range files {
+		f.Close() // the init has its own copies
+	}
+	keep = true
+	a := &activeRun{r: r, binaries: sb.Binaries()}
+	// Every change of a run's allowlist is made under its session's
+	// switch lock (context.set, reload), so the last one made is the
+	// newest context's. A switch or reload since the run was built may
+	// have missed it: tell it what is in force now.
+	s.switchMu.Lock()
+	added := s.runs.add(a)
+	if added {
+		if err := r.Allow(allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries())); err != nil {
+			r.Kill() // as in allowRuns; a run that has just ended reports it too
+		}
+	}
+	s.switchMu.Unlock()
+	if !added {
+		r.Kill()
+		r.Wait()
+		return nil, runError("session %q is closing", s.id)
+	}
+	start := time.Now()
+	return control.Takeover(func(ctx context.Context, st *control.Stream) {
+		defer s.runs.remove(a)
+		d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
+		exit := r.Wait()
+		a.mu.Lock()
+		reason := a.reason
+		a.mu.Unlock()
+		code, msg := exit.Code, ""
+		switch reason {
+		case "timeout":
+			code, msg = 124, "the run timed out; every process of it was killed"
+		case "closed":
+			code, msg = 137, "the session was closed; every process of the run was killed"
+		}
+		d.audit.Info("run", "kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", p.Argv, "cwd", cwd,
+			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
+		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
+	}), nil
+}
+
+// serveRun relays the client's signals until the command ends, and ends
+// the run when the client goes or the timeout passes.
+func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duration) {
+	done := make(chan struct{})
+	var timer *time.Timer
+	if timeout > 0 {
+		timer = time.AfterFunc(timeout, func() { a.end("timeout") })
+		defer timer.Stop()
+	}
+	go func() {
+		defer close(done)
+		for {
+			line, tooLong, err := control.ReadLine(st.R, 4096, true)
+			if err != nil || tooLong {
+				return
+			}
+			var m struct {
+				Method string `json:"method"`
+				Params struct {
+					Signal int `json:"signal"`
+				} `json:"params"`
+			}
+			if json.Unmarshal(line, &m) != nil || m.Method != "run.signal" {
+				continue
+			}
+			switch sig := syscall.Signal(m.Params.Signal); sig {
+			case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
+				a.r.Signal(sig)
+			}
+		}
+	}()
+	exited := make(chan struct{})
+	go func() { a.r.Wait(); close(exited) }()
+	select {
+	case <-exited:
+		// Stop the reader: the connection is answered and closed after.
+		st.Conn.SetReadDeadline(time.Now())
+		<-done
+	case <-done:
+		// The client is gone (or sent what cannot be read): nothing
+		// outlives the run's caller.
+		a.end("gone")
+		<-exited
+	}
+}
+
+// stdioOK refuses a descriptor that would hand the command more than a
+// stream: a directory or an O_PATH descriptor it could walk from.
+func stdioOK(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return errors.New("a directory cannot be stdio")
+	}
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	if fl&unix.O_PATH != 0 {
+		return errors.New("an O_PATH descriptor cannot be stdio")
+	}
+	return nil
+}
+
+// checkCwd: the working directory is /workspace or /memories or below, and
+// the rules show it.
+func (d *Daemon) checkCwd(cfg *acl.Config, set cctx.Set, cwd string) *control.Error {
+	if !path.IsAbs(cwd) || path.Clean(cwd) != cwd || strings.ContainsRune(cwd, 0) {
+		return runError("--cwd %q: want a clean absolute path under /workspace or /memories", cwd)
+	}
+	var space acl.Space
+	var rel string
+	switch {
+	case cwd == "/workspace" || strings.HasPrefix(cwd, "/workspace/"):
+		space, rel = acl.Workspace, strings.TrimPrefix(cwd, "/workspace")
+	case cwd == "/memories" || strings.HasPrefix(cwd, "/memories/"):
+		space, rel = acl.Memories, strings.TrimPrefix(cwd, "/memories")
+	default:
+		return runError("--cwd %q is outside /workspace and /memories", cwd)
+	}
+	if rel == "" {
+		return nil
+	}
+	ex, err := cfg.ExplainView(space, rel+"/", set)
+	if err != nil || ex.Decision != "allow" {
+		return runError("--cwd %q is not in the session's view", cwd)
+	}
+	return nil
+}
+
+// commandAllowed: 126 for a command the run may not execute, 127 for one
+// that exists nowhere.
+func commandAllowed(cmd string, allowed []string) *control.Error {
+	var candidates []string
+	if strings.Contains(cmd, "/") {
+		candidates = []string{path.Clean(cmd)}
+	} else {
+		for _, dir := range []string{"/usr/local/bin", "/usr/bin", "/bin"} {
+			candidates = append(candidates, dir+"/"+cmd)
+		}
+	}
+	for _, c := range candidates {
+		if strings.HasPrefix(c, "/workspace/") || strings.HasPrefix(c, "/memories/") {
+			return nil // decided inside, by the view and the exec rules
+		}
+		for _, a := range allowed {
+			if c == a || (strings.HasSuffix(a, "/") && strings.HasPrefix(c, a)) {
+				return nil
+			}
+		}
+	}
+	if slices.ContainsFunc(candidates, func(c string) bool { _, err := os.Stat(c); return err == nil }) {
+		return control.Errorf(control.CodeRunDenied, "%s: this run may not execute it (not in [sandbox] binaries, or denied by the exec rules in this context)", cmd)
+	}
+	return control.Errorf(control.CodeRunNotFound, "%s: command not found", cmd)
+}
+
+// userGroups reads uid's primary group and supplementary groups from
+// /etc/passwd and /etc/group (the daemon's host files).
+func userGroups(uid uint32) (uint32, []uint32, error) {
+	f, err := os.Open("/etc/passwd")
+	if err != nil {
+		return 0, nil, err
+	}
+	defer f.Close()
+	var name string
+	gid := int64(-1)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Split(sc.Text(), ":")
+		if len(fields) >= 4 && fields[2] == fmt.Sprint(uid) {
+			name = fields[0]
+			fmt.Sscan(fields[3], &gid)
+			break
+		}
+	}
+	if gid < 0 {
+		return 0, nil, fmt.Errorf("uid %d not in /etc/passwd", uid)
+	}
+	groups := []uint32{uint32(gid)}
+	g, err := os.Open("/etc/group")
+	if err == nil {
+		defer g.Close()
+		sc := bufio.NewScanner(g)
+		for sc.Scan() {
+			fields := strings.Split(sc.Text(), ":")
+			if len(fields) >= 4 && slices.Contains(strings.Split(fields[3], ","), name) {
+				var n uint32
+				if _, err := fmt.Sscan(fields[2], &n); err == nil && !slices.Contains(groups, n) {
+					groups = append(groups, n)
+				}
+			}
+		}
+	}
+	return uint32(gid), groups, nil
+}

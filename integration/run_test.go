@@ -1,0 +1,192 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runRules: private/ only in DMs; cat only in DMs; sh, ls, sleep, echo
+// everywhere.
+const runRules = privateRule + `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/ls", "/usr/bin/cat", "/usr/bin/sleep", "/usr/bin/id", "/usr/bin/tr"]
+pids = 64
+
+[exec."/usr/bin/cat"]
+when = "discord:dm"
+action = "allow"
+`
+
+const runPolicy = `version: 1
+roles:
+  default:
+    tools:
+      exec:
+        mode: allow
+        constraints: ['every(args.argv, . != "forbidden")']
+`
+
+// runHome is an open home with a session "s" owned by 65534 in a DM, on a
+// daemon that admits 65534 to its socket.
+func runHome(t *testing.T) (*daemon, string) {
+	t.Helper()
+	h := openHome(t, runRules)
+	h.t = t
+	h.write("config/policy.yaml", runPolicy)
+	h.write("memories/private/p.md", "dm secret\n")
+	h.write("memories/pub.md", "public\n")
+	h.write("workspace/w.txt", "work\n")
+	for _, p := range []string{"memories", "memories/private", "workspace"} {
+		os.Chmod(h.path(p), 0o777)
+	}
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	mnt := d.openFor("s", nobody, dmCtx)
+	return d, mnt
+}
+
+// condfsRun runs `condfs run` as uid 65534 and returns its output and
+// exit status.
+func condfsRun(t *testing.T, d *daemon, stdin string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s"}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, _ := cmd.CombinedOutput()
+	return string(out), cmd.ProcessState.ExitCode()
+}
+
+// TestRun: condfs run as the session's owner: the view's files as its
+// context shows them, the binaries its context allows, the policy's exec
+// decision, and the exit statuses of sandbox.md.
+func TestRun(t *testing.T) {
+	d, _ := runHome(t)
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"DM reads its file", []string{"--", "cat", "/memories/private/p.md"}, 0, "dm secret"},
+		{"uid", []string{"--", "id", "-u"}, 0, "65534"},
+		{"cwd", []string{"--cwd", "/memories", "--", "ls"}, 0, "private"},
+		{"exit status", []string{"--", "sh", "-c", "exit 3"}, 3, ""},
+		{"killed by a signal", []string{"--", "sh", "-c", "kill -TERM $$"}, 143, ""},
+		{"policy denies", []string{"--", "ls", "forbidden"}, 126, "denies"},
+		{"not allowed", []string{"--", "wc", "/etc/hosts"}, 126, "may not execute"},
+		{"nowhere", []string{"--", "no-such-program-anywhere"}, 127, "not found"},
+		{"cwd outside", []string{"--cwd", "/etc", "--", "ls"}, 125, "outside"},
+		{"empty command", []string{}, 125, "no command"},
+		{"timeout", []string{"--timeout", "300ms", "--", "sleep", "30"}, 124, "timed out"},
+		{"backing not there", []string{"--", "ls", "/tmp/condfs-it"}, 2, ""},
+	} {
+		out, code := condfsRun(t, d, "", c.args...)
+		if code != c.code || !strings.Contains(out, c.want) {
+			t.Errorf("%s: exit %d %q, want %d with %q", c.name, code, out, c.code, c.want)
+		}
+	}
+	var other struct{}
+	d.call("session.open", map[string]any{"id": "root-s", "mount": d.home.path("mnt/root-s"), "context": dmCtx}, &other)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "root-s", "--", "id")
+	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 125 || !strings.Contains(string(out), "another user") {
+		t.Errorf("another uid's session: exit %d %q", cmd.ProcessState.ExitCode(), out)
+	}
+	// In a guild the private file is gone and cat may not run.
+	d.setContext("s", guildCtx)
+	if out, code := condfsRun(t, d, "", "--", "ls", "/memories"); code != 0 || strings.Contains(out, "private") {
+		t.Errorf("guild: ls /memories: exit %d %q", code, out)
+	}
+	if out, code := condfsRun(t, d, "", "--", "cat", "/memories/pub.md"); code != 126 {
+		t.Errorf("guild: cat: exit %d %q, want 126", code, out)
+	}
+}
+
+// TestRunLive: a context switch changes what a running command sees (the
+// DM's private file) and may execute (cat, allowed only in DMs) before
+// context.set returns, and session.close ends its runs.
+func TestRunLive(t *testing.T) {
+	d, _ := runHome(t)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
+		"sh", "-c", `while read line; do out=$(eval "$line" 2>&1 | tr -d '\n'); echo "$out [$?]"; done`)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	ask := func(line string) string {
+		t.Helper()
+		fmt.Fprintln(stdin, line)
+		if !lines.Scan() {
+			t.Fatal("the run ended")
+		}
+		return lines.Text()
+	}
+	// One shell, running throughout: what it sees and may execute follow
+	// the session's context as each context.set returns.
+	for i, c := range []struct {
+		ctx        []string
+		line, want string
+		absent     string
+	}{
+		{dmCtx, "cat /memories/private/p.md", "dm secret", ""},
+		{guildCtx, "ls /memories", "pub.md", "private"},
+		{guildCtx, "cat /memories/pub.md", "not found", "public"},
+		{dmCtx, "cat /memories/private/p.md", "dm secret", ""},
+	} {
+		if i > 0 {
+			d.setContext("s", c.ctx)
+		}
+		got := ask(c.line)
+		if !strings.Contains(got, c.want) || (c.absent != "" && strings.Contains(got, c.absent)) {
+			t.Fatalf("step %d, %s: %q, want %q without %q", i, c.line, got, c.want, c.absent)
+		}
+	}
+	// session.close kills the run (137) before the view goes.
+	d.call("session.close", map[string]any{"id": "s"}, nil)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("the run outlived its session")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 137 {
+		t.Fatalf("after session.close: exit %d, want 137", code)
+	}
+}
+
+// TestRunClientGone: when condfs run dies, the command and what it started
+// die too.
+func TestRunClientGone(t *testing.T) {
+	d, mnt := runHome(t)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
+		"sh", "-c", `sleep 60 & sleep 61`)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sleeping := func() int {
+		n := 0
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err == nil && (string(b) == "sleep\x0060\x00" || string(b) == "sleep\x0061\x00") {
+				n++
+			}
+		}
+		return n
+	}
+	d.within("the run's sleeps start", func() bool { return sleeping() == 2 })
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	d.within("the run's processes end with its client", func() bool { return sleeping() == 0 })
+	_ = mnt
+}

@@ -1,0 +1,211 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/sys/unix"
+)
+
+// placeKind says how an allowed binary appears in the run.
+type placeKind int
+
+const (
+	// placeBin: in a bin directory (a tmpfs of the run), present only while
+	// allowed: its mount point is created and removed with it (ENOENT).
+	placeBin placeKind = iota
+	// placeShown: under /usr or a library directory, which the run shows
+	// whole; nothing to bind, and it stays until Landlock restricts it.
+	placeShown
+	// placeOther: elsewhere; bound over an empty placeholder while allowed.
+	placeOther
+)
+
+// slot is one place of the run that may hold a binary.
+type slot struct {
+	place    string
+	names    []string // the Spec.Binaries names that stand for it
+	kind     placeKind
+	binDir   string // placeBin: the bin directory holding it
+	dir      bool
+	spare    int // a detached clone of the source, ready to attach
+	attached bool
+}
+
+// allowState is the init's live allowlist. It keeps a detached clone of
+// every binary the run may ever hold (taken before pivot_root); attaching
+// one moves its clone into place and clones the attached mount again, so the
+// next attach after a removal has one. Only the control goroutine uses it
+// once the command runs.
+type allowState struct {
+	slots []*slot
+}
+
+func newAllowState(entries []binEntry, h *hostLayout) (*allowState, error) {
+	al := &allowState{}
+	byPlace := map[string]*slot{}
+	for _, e := range entries {
+		if sl, ok := byPlace[e.Place]; ok {
+			sl.names = append(sl.names, e.Name)
+			continue
+		}
+		sl := &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, kind: placeOther}
+		for _, d := range h.binDirs {
+			if under(e.Place, d) && (sl.binDir == "" || len(d) > len(sl.binDir)) {
+				sl.kind, sl.binDir = placeBin, d
+			}
+		}
+		if sl.kind != placeBin {
+			shown := append([]string{"/usr"}, h.libs...)
+			for _, d := range shown {
+				if under(e.Place, d) {
+					sl.kind = placeShown
+				}
+			}
+		}
+		if sl.kind != placeShown {
+			fd, err := cloneTree(e.Source, attrRO)
+			if err != nil {
+				al.close()
+				return nil, err
+			}
+			sl.spare = fd
+		}
+		byPlace[e.Place] = sl
+		al.slots = append(al.slots, sl)
+	}
+	sort.Slice(al.slots, func(i, j int) bool { return al.slots[i].place < al.slots[j].place })
+	return al, nil
+}
+
+func (al *allowState) close() {
+	for _, sl := range al.slots {
+		if sl.spare >= 0 {
+			unix.Close(sl.spare)
+			sl.spare = -1
+		}
+	}
+}
+
+// placeholders creates, under the new root n, the empty files and
+// directories that binaries outside the bin directories are bound over.
+func (al *allowState) placeholders(n string) error {
+	for _, sl := range al.slots {
+		if sl.kind != placeOther {
+			continue
+		}
+		p := n + sl.place
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if sl.dir {
+			if err := os.Mkdir(p, 0o755); err != nil && !os.IsExist(err) {
+				return err
+			}
+		} else if err := os.WriteFile(p, nil, 0o444); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// set makes exactly the slots named in names attached: removals first, so
+// a failure part way never leaves more than was allowed before.
+func (al *allowState) set(names []string) error {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	allowed := func(sl *slot) bool {
+		for _, n := range sl.names {
+			if want[n] {
+				return true
+			}
+		}
+		return false
+	}
+	rw := map[string]bool{}
+	writable := func(d string) error {
+		if rw[d] {
+			return nil
+		}
+		if err := unix.MountSetattr(unix.AT_FDCWD, d, 0, &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}); err != nil {
+			return fmt.Errorf("writable %s: %w", d, err)
+		}
+		rw[d] = true
+		return nil
+	}
+	var err error
+	for _, sl := range al.slots {
+		if sl.kind == placeShown || !sl.attached || allowed(sl) {
+			continue
+		}
+		if err = unix.Unmount(sl.place, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			err = fmt.Errorf("unbind %s: %w", sl.place, err)
+			break
+		}
+		sl.attached = false
+		if sl.kind == placeBin {
+			if err = writable(sl.binDir); err != nil {
+				break
+			}
+			if err = unix.Unlink(sl.place); err != nil {
+				err = fmt.Errorf("remove %s: %w", sl.place, err)
+				break
+			}
+		}
+	}
+	if err == nil {
+		for _, sl := range al.slots {
+			if sl.kind == placeShown || sl.attached || !allowed(sl) {
+				continue
+			}
+			if sl.kind == placeBin {
+				if err = writable(sl.binDir); err != nil {
+					break
+				}
+				if err = sl.makeTarget(); err != nil {
+					break
+				}
+			}
+			if err = sl.attach(); err != nil {
+				break
+			}
+		}
+	}
+	for d := range rw {
+		if e := setRO(d); e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// makeTarget creates the empty file a bin-directory binary is bound over.
+func (sl *slot) makeTarget() error {
+	if err := os.MkdirAll(filepath.Dir(sl.place), 0o755); err != nil {
+		return err
+	}
+	fd, err := unix.Open(sl.place, unix.O_CREAT|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o555)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", sl.place, err)
+	}
+	return unix.Close(fd)
+}
+
+// attach moves the spare clone into place and takes a new spare from it.
+func (sl *slot) attach() error {
+	if err := attach(sl.spare, sl.place); err != nil {
+		return err
+	}
+	sl.attached = true
+	fd, err := unix.OpenTree(unix.AT_FDCWD, sl.place, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+	if err != nil {
+		return fmt.Errorf("clone %s again: %w", sl.place, err)
+	}
+	unix.Close(sl.spare)
+	sl.spare = fd
+	return nil
+}

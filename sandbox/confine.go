@@ -1,0 +1,55 @@
+package sandbox
+
+import (
+	"os"
+	"strings"
+
+	"github.com/condfs/condfs/sandbox/internal/confine"
+)
+
+// confineHook confines the calling OS thread just before it forks the
+// command, so the command inherits it. It runs on a locked thread that is
+// never reused.
+var confineHook = fullConfine
+
+// interpreters are the ELF interpreters dynamic programs name: each must be
+// executable for them to start.
+var interpreters = []string{"/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-x86-64.so.2"}
+
+// fullConfine is confine.Apply for the run, inside its new root: execution
+// only in the bin directories, of binaries listed outside them, and of the
+// ELF interpreter; writes only under the view, /tmp and /dev/shm (and the
+// terminal devices); capabilities, no_new_privs and seccomp as confine
+// documents. Landlock is required wherever the kernel has it.
+func fullConfine(spec Spec) error {
+	var exec []string
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	for _, d := range binDirs {
+		if fi, err := os.Lstat(d); err == nil && fi.IsDir() {
+			exec = append(exec, d)
+		}
+	}
+	for _, b := range spec.Binaries {
+		b = strings.TrimSuffix(b, "/")
+		if !inBinDir(b) && exists(b) {
+			exec = append(exec, b)
+		}
+	}
+	for _, i := range interpreters {
+		if exists(i) {
+			exec = append(exec, i)
+		}
+	}
+	var write []string
+	for _, w := range []string{"/workspace", "/memories", "/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"} {
+		if exists(w) {
+			write = append(write, w)
+		}
+	}
+	_, err := confine.Apply(confine.Config{
+		ExecPaths: exec, WritePaths: write, ReadPaths: []string{"/"},
+		RequireLandlock: confine.Probe().Landlock > 0,
+		KeepSetID:       !spec.UserNS,
+	})
+	return err
+}

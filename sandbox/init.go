@@ -1,0 +1,298 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initChannelFd is the init's end of the socketpair (Start's ExtraFiles[0]).
+const initChannelFd = 3
+
+// exitInitFailed is the init's status when it fails before the command runs.
+const exitInitFailed = 125
+
+// stepError names the step of building the sandbox that failed.
+type stepError struct {
+	step string
+	err  error
+}
+
+func (e *stepError) Error() string { return e.step + ": " + e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+func step(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &stepError{name, err}
+}
+
+// InitMain is the sandbox's init: cmd/condfs calls it first thing when its
+// first argument is "sandbox-init". It never returns.
+func InitMain() {
+	// Only Start's init is PID 1 of its own namespace: anything else (a
+	// user typing "condfs sandbox-init") must not remount the host's tree.
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "condfs sandbox-init: only the daemon starts a sandbox's init")
+		os.Exit(exitInitFailed)
+	}
+	if len(os.Args) > 2 && os.Args[2] == "probe" {
+		os.Exit(0) // Available: the namespaces could be made
+	}
+	os.Exit(initMain())
+}
+
+func initMain() int {
+	// Signals that would end a Go program by default are taken and dropped:
+	// the command may signal its init on the user-namespace path, and only
+	// the daemon (by the channel, or SIGKILL) decides when the run ends.
+	// Handled (not ignored) signals are reset for the command by execve.
+	drop := make(chan os.Signal, 8)
+	signal.Notify(drop, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE)
+	go func() {
+		for range drop {
+		}
+	}()
+
+	unix.CloseOnExec(initChannelFd)
+	conn := os.NewFile(initChannelFd, "sandbox-channel")
+	if conn == nil {
+		return exitInitFailed
+	}
+	ch := newChannel(conn)
+	fail := func(err error) int {
+		m := message{Op: opError, Step: "init", Err: err.Error()}
+		var se *stepError
+		if errors.As(err, &se) {
+			m.Step, m.Err = se.step, se.err.Error()
+		}
+		_ = ch.send(m)
+		return exitInitFailed
+	}
+	m, err := ch.recv()
+	if err != nil {
+		return fail(step("read spec", err))
+	}
+	if m.Op != opSpec || m.Spec == nil {
+		return fail(step("read spec", fmt.Errorf("unexpected %q", m.Op)))
+	}
+	is := m.Spec
+	al, err := buildRoot(is)
+	if err != nil {
+		return fail(err)
+	}
+	if is.Rlimits {
+		if err := setNproc(is.Spec); err != nil {
+			return fail(step("rlimits", err))
+		}
+	}
+	pid, err := startCommand(is.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if is.Rlimits {
+		if err := setAS(pid, is.Spec); err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL)
+			return fail(step("rlimits", err))
+		}
+	}
+	if err := ch.send(message{Op: opReady}); err != nil {
+		return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
+	}
+	go control(ch, al, pid)
+	code, sig := reap(pid)
+	_ = ch.send(message{Op: opExit, Code: code, Signal: sig})
+	return code
+}
+
+// control applies the daemon's requests until the channel closes. A daemon
+// that is gone can no longer revoke binaries: the run ends.
+func control(ch *channel, al *allowState, pid int) {
+	for {
+		m, err := ch.recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				fmt.Fprintf(os.Stderr, "condfs sandbox-init: channel: %v\n", err)
+			}
+			os.Exit(128 + int(unix.SIGKILL))
+		}
+		switch m.Op {
+		case opAllow:
+			e := ""
+			if err := al.set(m.Paths); err != nil {
+				e = err.Error()
+			}
+			if err := ch.send(message{Op: opAck, ID: m.ID, Err: e}); err != nil || e != "" {
+				// Either the daemon cannot learn of it or it will kill us:
+				// end the run now rather than keep a stale binary.
+				os.Exit(128 + int(unix.SIGKILL))
+			}
+		case opSignal:
+			if m.Sig > 0 && m.Sig < 65 {
+				_ = unix.Kill(pid, unix.Signal(m.Sig))
+			}
+		}
+	}
+}
+
+// reap is PID 1's loop: it reaps every process of the run until the command
+// itself ends, and returns the command's status (128+N for signal N).
+// Whatever the command left running dies with the init.
+func reap(pid int) (code, sig int) {
+	for {
+		var ws unix.WaitStatus
+		p, err := unix.Wait4(-1, &ws, 0, nil)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return exitInitFailed, 0
+		}
+		if p != pid {
+			continue
+		}
+		switch {
+		case ws.Exited():
+			return ws.ExitStatus(), 0
+		case ws.Signaled():
+			return 128 + int(ws.Signal()), int(ws.Signal())
+		}
+	}
+}
+
+// startCommand forks the command on a locked thread that confineHook has
+// confined; the thread is never unlocked, so it dies with its goroutine and
+// its confinement never serves other goroutines.
+func startCommand(spec Spec) (int, error) {
+	// Looked up as the owner: the view admits its owner, not root.
+	var path string
+	if err := asOwner(spec, func() error {
+		var err error
+		if path, err = lookPath(spec.Argv[0], spec.Env); err != nil {
+			return step("exec", err)
+		}
+		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
+			return step("cwd", fmt.Errorf("%s is not a directory of the run", spec.Cwd))
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	if err := closeOnExecAll(); err != nil {
+		return 0, step("descriptors", err)
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   spec.Cwd,
+		Env:   spec.Env,
+		Files: []uintptr{0, 1, 2},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	}
+	if !spec.UserNS {
+		attr.Sys.Credential = &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: spec.Groups}
+	}
+	type started struct {
+		pid int
+		err error
+	}
+	res := make(chan started, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := confineHook(spec); err != nil {
+			res <- started{err: step("confine", err)}
+			return
+		}
+		pid, err := syscall.ForkExec(path, spec.Argv, attr)
+		if err != nil {
+			err = step("exec", fmt.Errorf("%s: %w", path, err))
+		}
+		res <- started{pid, err}
+	}()
+	r := <-res
+	return r.pid, r.err
+}
+
+// lookPath finds name as the command's PATH would.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/bin:/usr/bin:/bin"
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" || !filepath.IsAbs(d) {
+			continue
+		}
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: %w", name, os.ErrNotExist)
+}
+
+// closeOnExecAll marks every descriptor but 0, 1 and 2 close-on-exec, so
+// nothing the init inherited by mistake reaches the command.
+func closeOnExecAll() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		var fd int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &fd); err != nil || fd <= 2 {
+			continue
+		}
+		unix.CloseOnExec(fd)
+	}
+	return nil
+}
+
+// setNproc bounds the command's processes where no cgroup holds the run.
+// RLIMIT_NPROC counts every process of the uid, and it is the init's own
+// limit too, which binds the init only when it forks (once).
+func setNproc(spec Spec) error {
+	if spec.Pids == 0 {
+		return nil
+	}
+	l := &unix.Rlimit{Cur: uint64(spec.Pids), Max: uint64(spec.Pids)}
+	if err := unix.Setrlimit(unix.RLIMIT_NPROC, l); err != nil {
+		return fmt.Errorf("RLIMIT_NPROC: %w", err)
+	}
+	return nil
+}
+
+// setAS bounds the command's address space where no cgroup holds the run.
+// It is set on the command once it runs (the init's own Go runtime could not
+// live under it), so the command's first instants are not bounded.
+func setAS(pid int, spec Spec) error {
+	if spec.Memory == 0 {
+		return nil
+	}
+	l := &unix.Rlimit{Cur: uint64(spec.Memory), Max: uint64(spec.Memory)}
+	if err := unix.Prlimit(pid, unix.RLIMIT_AS, l, nil); err != nil {
+		return fmt.Errorf("RLIMIT_AS: %w", err)
+	}
+	return nil
+}
+
+func readSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 1<<20))
+}

@@ -1,0 +1,281 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// initPath is the binary re-executed as the sandbox's init: the daemon's own.
+var initPath = "/proc/self/exe"
+
+// initArg is the hidden subcommand that makes a condfs binary the init.
+const initArg = "sandbox-init"
+
+// startTimeout bounds how long the init may take to build the root and
+// start the command.
+const startTimeout = 30 * time.Second
+
+// allowTimeout bounds an Allow; an init that does not answer in time is
+// killed, since its run may hold a binary it should no longer have.
+const allowTimeout = 10 * time.Second
+
+// Run is one started sandbox.
+type Run struct {
+	cmd  *exec.Cmd
+	ch   *channel
+	conn *os.File
+	cg   *cgroups
+
+	mu      sync.Mutex // guards the fields below
+	nextID  uint64
+	pending map[uint64]chan string
+	exit    *Exit // from the init's exit message
+	killed  bool
+	closed  bool // the channel is gone: no ack will come
+
+	readDone chan struct{} // closed when readLoop has read the channel to its end
+	done     chan struct{} // closed when the init is reaped and the run cleaned up
+	result   Exit
+}
+
+// Start builds the sandbox and starts spec's command in it, with stdin,
+// stdout and stderr as its descriptors 0, 1 and 2 (nil: /dev/null). It
+// returns once the command has started, or the step that failed.
+func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
+	if err := spec.validate(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	entries, err := resolveBinaries(spec.Binaries)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: socketpair: %w", err)
+	}
+	conn := os.NewFile(uintptr(fds[0]), "sandbox-channel")
+	initEnd := os.NewFile(uintptr(fds[1]), "sandbox-channel-init")
+
+	cmd := exec.Command(initPath, initArg)
+	cmd.Args[0] = "condfs"
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	cmd.ExtraFiles = []*os.File{initEnd}
+	cmd.SysProcAttr = sysProcAttr(&spec)
+	if err := cmd.Start(); err != nil {
+		conn.Close()
+		initEnd.Close()
+		return nil, fmt.Errorf("sandbox: start init: %w", err)
+	}
+	initEnd.Close()
+
+	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, pending: map[uint64]chan string{},
+		readDone: make(chan struct{}), done: make(chan struct{})}
+	fail := func(err error) (*Run, error) {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		conn.Close()
+		r.cg.remove()
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+
+	// The init joins its cgroups before it learns what to run, so nothing
+	// of the run ever runs outside them.
+	rlimits := false
+	r.cg, err = newCgroups(cmd.Process.Pid, spec.Pids, spec.Memory)
+	if err != nil {
+		if spec.Pids > 0 && spec.UID == 0 {
+			return fail(fmt.Errorf("pids limit for a run as uid 0 needs a cgroup: %w", err))
+		}
+		rlimits = true
+	}
+	is := &initSpec{Spec: spec, Entries: entries, Rlimits: rlimits, Hostname: "condfs"}
+	if err := r.ch.send(message{Op: opSpec, Spec: is}); err != nil {
+		return fail(err)
+	}
+	type reply struct {
+		m   message
+		err error
+	}
+	got := make(chan reply, 1)
+	go func() {
+		m, err := r.ch.recv()
+		got <- reply{m, err}
+	}()
+	select {
+	case rp := <-got:
+		switch {
+		case rp.err != nil:
+			return fail(fmt.Errorf("init: %w", initGone(rp.err)))
+		case rp.m.Op == opError:
+			return fail(fmt.Errorf("%s: %s", rp.m.Step, rp.m.Err))
+		case rp.m.Op != opReady:
+			return fail(fmt.Errorf("init: unexpected %q", rp.m.Op))
+		}
+	case <-time.After(startTimeout):
+		return fail(errors.New("init: no answer"))
+	}
+	go r.readLoop()
+	go r.waitLoop()
+	return r, nil
+}
+
+func initGone(err error) error {
+	if errors.Is(err, io.EOF) {
+		return errors.New("exited before it was ready")
+	}
+	return err
+}
+
+// sysProcAttr makes the init's namespaces. On the user-namespace path the
+// daemon's uid and gid map to themselves, and the init keeps in the new
+// namespace only the capabilities it needs to build the root.
+func sysProcAttr(spec *Spec) *syscall.SysProcAttr {
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS | unix.CLONE_NEWCGROUP)
+	if spec.Network != "host" {
+		flags |= unix.CLONE_NEWNET
+	}
+	a := &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
+	if spec.UserNS {
+		a.Cloneflags |= unix.CLONE_NEWUSER
+		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: int(spec.UID), HostID: os.Geteuid(), Size: 1}}
+		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: int(spec.GID), HostID: os.Getegid(), Size: 1}}
+		a.GidMappingsEnableSetgroups = false
+		a.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP}
+	}
+	return a
+}
+
+// readLoop takes the init's messages after ready: acks and the exit status.
+func (r *Run) readLoop() {
+	defer close(r.readDone)
+	for {
+		m, err := r.ch.recv()
+		if err != nil {
+			r.mu.Lock()
+			r.closed = true
+			for id, c := range r.pending {
+				c <- "sandbox init is gone"
+				delete(r.pending, id)
+			}
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Lock()
+		switch m.Op {
+		case opAck:
+			if c, ok := r.pending[m.ID]; ok {
+				c <- m.Err
+				delete(r.pending, m.ID)
+			}
+		case opExit:
+			r.exit = &Exit{Code: m.Code, Signal: m.Signal}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// waitLoop reaps the init and removes the run's cgroups.
+func (r *Run) waitLoop() {
+	err := r.cmd.Wait()
+	// The exit message precedes the init's exit: read it before deciding.
+	// Only the init held the other end, so the channel ends with it.
+	select {
+	case <-r.readDone:
+	case <-time.After(time.Second):
+	}
+	r.conn.Close()
+	r.cg.remove()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.killed:
+		r.result = Exit{Code: 128 + int(syscall.SIGKILL), Signal: int(syscall.SIGKILL), Reason: "killed"}
+	case r.exit != nil:
+		r.result = *r.exit
+	default:
+		r.result = Exit{Code: 125, Reason: fmt.Sprintf("sandbox init failed: %v", err)}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				r.result = Exit{Code: 128 + int(ws.Signal()), Signal: int(ws.Signal()), Reason: "sandbox init killed"}
+			}
+		}
+	}
+	close(r.done)
+}
+
+// Allow makes exactly the listed binaries (names of Spec.Binaries) the run's
+// executable ones, and returns once the init has bound and unbound them. A
+// name not in Spec.Binaries stays absent. When the init cannot confirm, the
+// run is killed: it must not keep a binary its context no longer allows.
+func (r *Run) Allow(paths []string) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return errors.New("sandbox: allow: the run has ended")
+	}
+	r.nextID++
+	id := r.nextID
+	c := make(chan string, 1)
+	r.pending[id] = c
+	r.mu.Unlock()
+	if err := r.ch.send(message{Op: opAllow, ID: id, Paths: paths}); err != nil {
+		r.Kill()
+		return fmt.Errorf("sandbox: allow: %w; run killed", err)
+	}
+	select {
+	case e := <-c:
+		if e != "" {
+			r.Kill()
+			return fmt.Errorf("sandbox: allow: %s; run killed", e)
+		}
+		return nil
+	case <-time.After(allowTimeout):
+		r.Kill()
+		return errors.New("sandbox: allow: the init did not answer; run killed")
+	}
+}
+
+// Signal has the init send sig to the command.
+func (r *Run) Signal(sig syscall.Signal) error {
+	if err := r.ch.send(message{Op: opSignal, Sig: int(sig)}); err != nil {
+		return fmt.Errorf("sandbox: signal: %w", err)
+	}
+	return nil
+}
+
+// Kill ends the run: SIGKILL to the init ends its PID namespace, so every
+// process of the run dies.
+func (r *Run) Kill() {
+	r.mu.Lock()
+	select {
+	case <-r.done:
+		r.mu.Unlock()
+		return
+	default:
+	}
+	r.killed = r.exit == nil
+	r.mu.Unlock()
+	_ = r.cmd.Process.Kill()
+}
+
+// Wait waits for the run to end and says how.
+func (r *Run) Wait() Exit {
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.result
+}
+
+// Pid is the init's process id in the daemon's PID namespace.
+func (r *Run) Pid() int { return r.cmd.Process.Pid }

@@ -47,12 +47,11 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(child(spec))
 	}
-	code, err := buildProbe()
-	if err != nil {
+	if _, err := buildProbe(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	code = m.Run()
+	code := m.Run()
 	os.RemoveAll(probeDir)
 	os.Exit(code)
 }
@@ -66,8 +65,7 @@ func buildProbe() (int, error) {
 		return 0, err
 	}
 	probeDir, probeFile = dir, filepath.Join(dir, "probe")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(gobin, "build", "-o", probeFile, "./testdata/probe")
+	cmd := exec.Command("go", "build", "-o", probeFile, "./testdata/probe")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("build probe: %v\n%s", err, out)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -71,7 +72,7 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	cmd.ExtraFiles = []*os.File{initEnd}
 	cmd.SysProcAttr = sysProcAttr(&spec)
-	if err := cmd.Start(); err != nil {
+	if err := startOnSpawner(cmd); err != nil {
 		conn.Close()
 		initEnd.Close()
 		return nil, fmt.Errorf("sandbox: start init: %w", err)
@@ -279,3 +280,32 @@ func (r *Run) Wait() Exit {
 
 // Pid is the init's process id in the daemon's PID namespace.
 func (r *Run) Pid() int { return r.cmd.Process.Pid }
+
+// The init's Pdeathsig fires when the OS thread that forked it exits, not
+// the process (the kernel's rule): a thread the Go runtime lets go (one a
+// goroutine locked and left, as acting as a caller does) would kill a run
+// at random. So every init is forked from one thread that never exits.
+var spawner struct {
+	once sync.Once
+	reqs chan spawnReq
+}
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func startOnSpawner(cmd *exec.Cmd) error {
+	spawner.once.Do(func() {
+		spawner.reqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
+			for r := range spawner.reqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawner.reqs <- spawnReq{cmd, done}
+	return <-done
+}

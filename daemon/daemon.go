@@ -24,6 +24,7 @@ import (
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/fsys"
 	"github.com/condfs/condfs/metrics"
+	"github.com/condfs/condfs/sandbox"
 )
 
 // Version is reported by status.
@@ -685,7 +686,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 			restore = []string{}
 		}
 		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
-			"restore_errors": restore, "limits": d.limits()}, nil
+			"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe()}, nil
 	}
 	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, tools.callable, config.reload, status)", method)
 }

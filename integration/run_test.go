@@ -97,6 +97,18 @@ func TestRun(t *testing.T) {
 	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 125 || !strings.Contains(string(out), "another user") {
 		t.Errorf("another uid's session: exit %d %q", cmd.ProcessState.ExitCode(), out)
 	}
+	// status says what runs get here.
+	var st struct {
+		Sandbox struct {
+			Build    string `json:"build"`
+			Landlock int    `json:"landlock_abi"`
+			Seccomp  bool   `json:"seccomp"`
+		} `json:"sandbox"`
+	}
+	d.call("status", map[string]any{}, &st)
+	if st.Sandbox.Build != "namespaces (root)" || !st.Sandbox.Seccomp {
+		t.Errorf("status sandbox: %+v", st.Sandbox)
+	}
 	// In a guild the private file is gone and cat may not run.
 	d.setContext("s", guildCtx)
 	if out, code := condfsRun(t, d, "", "--", "ls", "/memories"); code != 0 || strings.Contains(out, "private") {

@@ -5,6 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+
+	"github.com/condfs/condfs/sandbox/internal/confine"
 )
 
 // Available says what sandbox this process can build: as root, namespaces;
@@ -28,15 +31,54 @@ func Available() (string, error) {
 	if !spec.UserNS {
 		return "", fmt.Errorf("sandbox: cannot create namespaces: %w", err)
 	}
+	if why := userNSRefused(); why != nil {
+		return "", fmt.Errorf("%w (%v)", why, err)
+	}
+	return "", fmt.Errorf("sandbox: cannot create a user namespace: %w", err)
+}
+
+// userNSRefused names the sysctl that refuses unprivileged user
+// namespaces, if one does.
+func userNSRefused() error {
 	for _, c := range []struct{ path, bad, say string }{
 		{"/proc/sys/kernel/unprivileged_userns_clone", "0", "sysctl kernel.unprivileged_userns_clone=1"},
 		{"/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1", "sysctl kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile allowing userns for condfs)"},
 		{"/proc/sys/user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=N (N > 0)"},
 	} {
 		if b, e := readSmall(c.path); e == nil && strings.TrimSpace(string(b)) == c.bad {
-			return "", fmt.Errorf("sandbox: unprivileged user namespaces are disabled (%s is %s): %w; enable with %s",
-				c.path, c.bad, err, c.say)
+			return fmt.Errorf("sandbox: unprivileged user namespaces are disabled (%s is %s); enable with %s", c.path, c.bad, c.say)
 		}
 	}
-	return "", fmt.Errorf("sandbox: cannot create a user namespace: %w", err)
+	return nil
+}
+
+// Protections is what a run started now would have, for `status`.
+type Protections struct {
+	Build    string `json:"build"`           // "namespaces (root)", "user namespaces", or "" when none can be built
+	Error    string `json:"error,omitempty"` // why none can be built
+	Landlock int    `json:"landlock_abi"`    // the Landlock ABI in force for runs, 0 for none
+	Seccomp  bool   `json:"seccomp"`
+}
+
+var probed struct {
+	once sync.Once
+	p    Protections
+}
+
+// Probe says which protections runs get here, without starting anything
+// (Available tries for real): root builds with namespaces; others with
+// user namespaces unless a sysctl refuses them. It remembers the answer.
+func Probe() Protections {
+	probed.once.Do(func() {
+		what, err := "namespaces (root)", error(nil)
+		if os.Geteuid() != 0 {
+			what, err = "user namespaces", userNSRefused()
+		}
+		r := confine.Probe()
+		probed.p = Protections{Build: what, Landlock: r.Landlock, Seccomp: r.Seccomp}
+		if err != nil {
+			probed.p.Build, probed.p.Error = "", err.Error()
+		}
+	})
+	return probed.p
 }

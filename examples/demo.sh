@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README demo: mount the example agent's view in a guild channel, switch
-# to a DM, watch the view change, list prompt blocks, decide two tool calls.
+# to a DM, watch the view change (and what a command run in the session sees
+# and may execute), list prompt blocks, decide two tool calls.
 # Usage: examples/demo.sh path/to/condfs   (as root: it mounts FUSE)
 set -euo pipefail
 bin=$(realpath "${1:-bin/condfs}")
@@ -31,8 +32,11 @@ for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || { echo "daemon did not start:"; cat "$log"; exit 1; }
 
 show
+runit() { say "condfs run --session default -- $(quote "$@")"; "$bin" run --socket "$sock" --session default -- "$@" || echo "(exit $?)"; }
+runit sh -c 'ls /memories; cat /memories/notes/team.md'
 ctl context default '{"kind":"discord","channel_id":"42"}'
 show
+runit sh -c 'ls /memories; cat /memories/notes/team.md'
 ctl blocks default
 ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com"]}'
 ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com", "eve@evil.example"]}'

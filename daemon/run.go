@@ -227,7 +227,11 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		Network: string(sb.Network()), TmpSize: sb.TmpSize(), Memory: sb.Memory(), Pids: sb.Pids(),
 		UserNS: os.Geteuid() != 0,
 	}
-	if gid, groups, err := userGroups(s.owner); err == nil {
+	if spec.UserNS {
+		// A daemon that is not root serves its own uid only, and runs as
+		// it: its ids map to themselves, groups stay as they are.
+		spec.UID, spec.GID = uint32(os.Geteuid()), uint32(os.Getegid())
+	} else if gid, groups, err := userGroups(s.owner); err == nil {
 		spec.GID, spec.Groups = gid, groups
 	}
 	r, err := sandbox.Start(spec, files[0], files[1], files[2])

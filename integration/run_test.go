@@ -202,3 +202,80 @@ func TestRunClientGone(t *testing.T) {
 	d.within("the run's processes end with its client", func() bool { return sleeping() == 0 })
 	_ = mnt
 }
+
+// TestRunUnprivilegedDaemon: condfs serve as an ordinary user (uid 65534)
+// builds its runs with user namespaces; what a run sees and may execute
+// follows the session's context as with a root daemon.
+func TestRunUnprivilegedDaemon(t *testing.T) {
+	requireFUSE(t)
+	if _, err := exec.LookPath("fusermount3"); err != nil {
+		t.Fatalf("fusermount3 is needed (apt-get install fuse3): %v", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat("/dev/fuse", &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&0o006 != 0o006 {
+		if err := os.Chmod("/dev/fuse", 0o666); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod("/dev/fuse", os.FileMode(st.Mode&0o777)) })
+	}
+	h := openHome(t, runRules)
+	h.write("config/policy.yaml", runPolicy)
+	h.write("memories/private/p.md", "dm secret\n")
+	h.write("memories/pub.md", "public\n")
+	os.MkdirAll(h.path("run"), 0o755)
+	os.MkdirAll(h.path("mnt/v"), 0o755)
+	chownTree(t, h.root, nobody)
+	sock := h.path("run/condfs.sock")
+	serve := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		condfsBin, "serve", "--root", h.root, "--socket", sock, "--mount", h.path("mnt/v"),
+		"--context", "discord:dm", "--context", "discord:dm:7", "--log-level", "debug")
+	serve.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.root}
+	logs := syncBuilder{b: &strings.Builder{}, mu: make(chan struct{}, 1)}
+	serve.Stdout, serve.Stderr = logs, logs
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { serve.Wait(); close(exited) }()
+	defer func() {
+		serve.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			serve.Process.Kill()
+		}
+	}()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("no socket:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--"}, args...)...)
+		out, _ := cmd.CombinedOutput()
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	if out, code := run("cat", "/memories/private/p.md"); code != 0 || out != "dm secret\n" {
+		t.Fatalf("DM: exit %d %q\n%s", code, out, logs.String())
+	}
+	if out, code := run("id", "-u"); code != 0 || strings.TrimSpace(out) != "65534" {
+		t.Fatalf("id: exit %d %q", code, out)
+	}
+	setpriv := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "ctl", "--socket", sock, "context", "default", `{"kind":"discord","guild_id":"1","channel_id":"2"}`)
+	if out, err := setpriv.CombinedOutput(); err != nil {
+		t.Fatalf("context set: %v %s", err, out)
+	}
+	if out, code := run("ls", "/memories"); code != 0 || strings.Contains(out, "private") {
+		t.Fatalf("guild ls: exit %d %q", code, out)
+	}
+	if out, code := run("cat", "/memories/pub.md"); code != 126 {
+		t.Fatalf("guild cat: exit %d %q, want 126", code, out)
+	}
+}

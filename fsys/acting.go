@@ -1,7 +1,6 @@
 package fsys
 
 import (
-	"context"
 	"runtime"
 	"syscall"
 )
@@ -12,7 +11,11 @@ import (
 // MaxActing in the daemon and MaxActingPerView in its view. A request
 // that finds no place waits for one as a plain goroutine: with its
 // thread's pin and credentials given back first (unpin), so it holds no OS
-// thread, and interruptibly (FUSE_INTERRUPT ends the wait with EINTR).
+// thread. The wait is not ended by FUSE_INTERRUPT: it lasts until other
+// requests finish their backing work, and answering EINTR would surface
+// in callers whose signal handlers ask for restarts (a Go program's
+// preemption signal alone did); a killed caller is released by the kernel
+// at once.
 //
 // Why: a goroutine pinned to act as a caller keeps its OS thread through
 // every wait (a Go mutex, the group cache, go-fuse's own locks, a
@@ -50,16 +53,10 @@ var (
 var acting = make(chan struct{}, MaxActing)
 
 // enterActing takes a place in v and in the daemon, waiting for one
-// unpinned if it must. It fails (EINTR) only when ctx ends first.
-func (v *View) enterActing(ctx context.Context) syscall.Errno {
-	if errno := take(ctx, v.acting); errno != 0 {
-		return errno
-	}
-	if errno := take(ctx, acting); errno != 0 {
-		<-v.acting
-		return errno
-	}
-	return 0
+// unpinned if it must.
+func (v *View) enterActing() {
+	take(v.acting)
+	take(acting)
 }
 
 // leaveActing gives back what enterActing took.
@@ -69,27 +66,20 @@ func (v *View) leaveActing() {
 }
 
 // take puts a token in ch, waiting for room with no thread held.
-func take(ctx context.Context, ch chan struct{}) syscall.Errno {
+func take(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
-		return 0
+		return
 	default:
 	}
 	unpin()
-	select {
-	case ch <- struct{}{}:
-		return 0
-	case <-ctx.Done():
-		return syscall.EINTR
-	}
+	ch <- struct{}{}
 }
 
 // acts runs a handle's backing work holding a place (the caller's
 // credentials do not matter to it: the fd was opened as the caller).
-func (v *View) acts(ctx context.Context, work func() syscall.Errno) syscall.Errno {
-	if errno := v.enterActing(ctx); errno != 0 {
-		return errno
-	}
+func (v *View) acts(work func() syscall.Errno) syscall.Errno {
+	v.enterActing()
 	defer v.leaveActing()
 	return work()
 }

@@ -177,7 +177,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 // Seekdir moves to an offset the kernel was handed (an entry's d_off, or
 // 0): the entries from there are read and decided again.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	return d.node.view.acts(ctx, func() syscall.Errno { return d.seekdir(off) })
+	return d.node.view.acts(func() syscall.Errno { return d.seekdir(off) })
 }
 
 func (d *dirHandle) seekdir(off uint64) syscall.Errno {
@@ -194,16 +194,15 @@ func (d *dirHandle) seekdir(off uint64) syscall.Errno {
 }
 
 func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
-	return d.node.view.acts(ctx, func() syscall.Errno {
+	return d.node.view.acts(func() syscall.Errno {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return errnoOf(unix.Fsync(d.fd))
 	})
 }
 
-// Releasedir waits for its place uninterruptibly: the fd must be closed.
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	d.node.view.acts(context.Background(), func() syscall.Errno {
+	d.node.view.acts(func() syscall.Errno {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if d.fd >= 0 {

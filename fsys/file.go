@@ -148,7 +148,7 @@ func (h *fileHandle) Read(ctx context.Context, buf []byte, off int64) (res fuse.
 	if !h.decide(true) {
 		return nil, syscall.EACCES
 	}
-	errno = h.node.view.acts(ctx, func() syscall.Errno {
+	errno = h.node.view.acts(func() syscall.Errno {
 		h.fdMu.RLock()
 		defer h.fdMu.RUnlock()
 		if h.released {
@@ -173,7 +173,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (n uint3
 	if !h.decide(true) {
 		return 0, syscall.EACCES
 	}
-	errno = h.node.view.acts(ctx, func() (errno syscall.Errno) {
+	errno = h.node.view.acts(func() (errno syscall.Errno) {
 		n, errno = h.lf.Write(ctx, data, off)
 		return errno
 	})
@@ -190,10 +190,9 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.E
 // Release closes the handle's fd through lf, which owns it: an os.File
 // left open closes its number again when collected, by then maybe another
 // open's.
-// Release waits for its place uninterruptibly: the fd must be closed.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.node.view.untrack(h)
-	return h.node.view.acts(context.Background(), func() syscall.Errno {
+	return h.node.view.acts(func() syscall.Errno {
 		h.fdMu.Lock()
 		defer h.fdMu.Unlock()
 		h.released = true
@@ -202,7 +201,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 }
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	return h.node.view.acts(ctx, func() syscall.Errno { return h.lf.Fsync(ctx, flags) })
+	return h.node.view.acts(func() syscall.Errno { return h.lf.Fsync(ctx, flags) })
 }
 
 func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
@@ -210,7 +209,7 @@ func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Err
 		return syscall.EACCES
 	}
 	var st unix.Stat_t
-	if errno := h.node.view.acts(ctx, func() syscall.Errno { return errnoOf(unix.Fstat(h.fd, &st)) }); errno != 0 {
+	if errno := h.node.view.acts(func() syscall.Errno { return errnoOf(unix.Fstat(h.fd, &st)) }); errno != 0 {
 		return errno
 	}
 	out.FromStat(toSyscall(&st))
@@ -247,7 +246,7 @@ func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint
 		return 0, syscall.EACCES
 	}
 	var n uint64
-	errno := h.node.view.acts(ctx, func() (errno syscall.Errno) {
+	errno := h.node.view.acts(func() (errno syscall.Errno) {
 		n, errno = h.lf.Lseek(ctx, off, whence)
 		return errno
 	})
@@ -258,7 +257,7 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 	if !h.decide(true) {
 		return syscall.EACCES
 	}
-	return h.node.view.acts(ctx, func() syscall.Errno { return h.lf.Allocate(ctx, off, size, mode) })
+	return h.node.view.acts(func() syscall.Errno { return h.lf.Allocate(ctx, off, size, mode) })
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))

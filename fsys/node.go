@@ -501,7 +501,7 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var s syscall.Statfs_t
-	if errno := n.view.acts(ctx, func() syscall.Errno { return errnoOf(syscall.Fstatfs(n.backing().fd, &s)) }); errno != 0 {
+	if errno := n.view.acts(func() syscall.Errno { return errnoOf(syscall.Fstatfs(n.backing().fd, &s)) }); errno != 0 {
 		return errno
 	}
 	out.FromStatfsT(&s)

@@ -63,37 +63,98 @@ type credKey struct {
 	groups   string // the groups, as their bytes
 }
 
-// threadCreds maps a pinned thread's id to its credentials. An entry is
-// trusted only while the thread's fsuid is not the daemon's (a thread that
-// died and whose id was reused starts with the daemon's fsuid), so losing
-// entries is safe: the thread is then switched again.
+// threadCreds maps a pinned thread's id to its credentials, and says
+// whether its goroutine is between requests (idle). An entry is trusted only
+// while the thread's fsuid is not the daemon's (a thread that died and whose
+// id was reused starts with the daemon's fsuid), so losing entries is safe:
+// the thread is then switched again. At most maxIdlePins entries are idle:
+// a request that ends beyond that gives its pin up (keepPin). A goroutine
+// that exits pinned (go-fuse ends readers beyond its limit) ends its thread
+// and leaves its entry behind; such entries are found (tgkill) and dropped
+// when the idle ones reach the limit.
 var threadCreds struct {
 	sync.Mutex
-	m map[int]credKey
+	m      map[int]pinnedThread
+	idle   int       // entries with idle set
+	pruned time.Time // when dead threads' entries were last looked for
 }
 
-const threadCredsLimit = 4096
+type pinnedThread struct {
+	key  credKey
+	idle bool
+}
+
+// pruneEvery limits how often keepPin looks for dead threads (a tgkill
+// each of up to maxIdlePins).
+const pruneEvery = 50 * time.Millisecond
 
 func recordThread(tid int, k credKey) {
 	threadCreds.Lock()
-	if threadCreds.m == nil || len(threadCreds.m) >= threadCredsLimit {
-		threadCreds.m = map[int]credKey{}
+	if threadCreds.m == nil {
+		threadCreds.m = map[int]pinnedThread{}
 	}
-	threadCreds.m[tid] = k
+	if threadCreds.m[tid].idle {
+		threadCreds.idle--
+	}
+	threadCreds.m[tid] = pinnedThread{key: k}
 	threadCreds.Unlock()
 }
 
 func forgetThread(tid int) {
 	threadCreds.Lock()
-	delete(threadCreds.m, tid)
+	if e, ok := threadCreds.m[tid]; ok {
+		if e.idle {
+			threadCreds.idle--
+		}
+		delete(threadCreds.m, tid)
+	}
 	threadCreds.Unlock()
 }
 
+// threadKey returns a pinned thread's credentials, marking it busy (a
+// request runs on it).
 func threadKey(tid int) (credKey, bool) {
 	threadCreds.Lock()
-	k, ok := threadCreds.m[tid]
-	threadCreds.Unlock()
-	return k, ok
+	defer threadCreds.Unlock()
+	e, ok := threadCreds.m[tid]
+	if ok && e.idle {
+		e.idle = false
+		threadCreds.m[tid] = e
+		threadCreds.idle--
+	}
+	return e.key, ok
+}
+
+// keepPin reports whether the current (pinned) thread may keep its
+// caller's credentials and pin after its request, marking it idle if so.
+func keepPin(tid int) bool {
+	threadCreds.Lock()
+	defer threadCreds.Unlock()
+	e, ok := threadCreds.m[tid]
+	if !ok {
+		return false
+	}
+	if threadCreds.idle >= maxIdlePins {
+		if now := time.Now(); now.Sub(threadCreds.pruned) >= pruneEvery {
+			threadCreds.pruned = now
+			pid := unix.Getpid()
+			for t, e := range threadCreds.m {
+				if e.idle && unix.Tgkill(pid, t, 0) == unix.ESRCH {
+					delete(threadCreds.m, t)
+					threadCreds.idle--
+				}
+			}
+		}
+		if threadCreds.idle >= maxIdlePins {
+			return false
+		}
+	}
+	if !e.idle {
+		e.idle = true
+		threadCreds.m[tid] = e
+		threadCreds.idle++
+	}
+	return true
 }
 
 // asCaller is what become did on the current thread; restore ends it. The
@@ -101,11 +162,13 @@ func threadKey(tid int) (credKey, bool) {
 type asCaller struct {
 	switched bool     // the thread acts as a caller (not the daemon)
 	back     *credKey // restore sets these credentials again (a root request on a pinned thread)
+	view     *View    // holds a place among the requests acting (acting.go)
 }
 
-// become admits the request's caller and, in a daemon that can, makes the
-// current thread act with its credentials. A request with no caller is the
-// daemon's own (tests, notifications) and runs as the daemon.
+// become admits the request's caller, takes a place among the requests
+// acting at once (acting.go) and, in a daemon that can, makes the current
+// thread act with the caller's credentials. A request with no caller is the
+// daemon's own (tests, notifications) and runs as the daemon, with no place.
 func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 	if v.closed.Load() {
 		// An unmounted view's nodes may outlive it in a hub, or through a
@@ -119,6 +182,18 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 	if !v.admits(c.Uid) {
 		return asCaller{}, syscall.EACCES
 	}
+	v.enterActing()
+	a, errno := v.switchTo(c)
+	if errno != 0 {
+		v.leaveActing()
+		return asCaller{}, errno
+	}
+	a.view = v
+	return a, 0
+}
+
+// switchTo makes the current thread act as c (become, holding a place).
+func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
 	if !v.switchCreds {
 		return asCaller{}, 0
 	}
@@ -165,6 +240,8 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 		if rerr := setThreadCreds(self.uid, self.gid, self.groups); rerr != nil {
 			panicRestore(rerr)
 		}
+		forgetThread(tid)
+		runtime.UnlockOSThread() // the pin
 		v.log.Error("switch to caller's credentials", "uid", c.Uid, "err", err)
 		return asCaller{}, syscall.EIO
 	}
@@ -174,8 +251,8 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 
 // unpin gives the current thread the daemon's credentials back and ends
 // the pin a caller's credentials put on its goroutine, if any: a request
-// about to wait (a blocking lock, locks.go) then holds no OS thread while
-// it waits. The next become switches again.
+// about to wait (for a place among those acting, or a blocking lock) then
+// holds no OS thread while it waits. The next become switches again.
 func unpin() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -189,13 +266,22 @@ func unpin() {
 	runtime.UnlockOSThread() // the pin
 }
 
-// restore ends what become did: only a root request on a pinned thread
-// needs the thread's caller credentials set back.
+// restore ends what become did: a root request on a pinned thread has the
+// thread's caller credentials set back; the place is given back; and a
+// pinned thread keeps its caller's credentials for the next request only
+// while few others do (keepPin), so that goroutines between requests hold
+// few threads whatever they wait on next.
 func (a asCaller) restore() {
 	if a.back != nil {
 		if err := setThreadCreds(int(a.back.uid), int(a.back.gid), keyGroups(a.back.groups)); err != nil {
 			panicRestore(err)
 		}
+	}
+	if a.view != nil {
+		a.view.leaveActing()
+	}
+	if (a.switched || a.back != nil) && !keepPin(unix.Gettid()) {
+		unpin()
 	}
 }
 

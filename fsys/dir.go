@@ -177,6 +177,10 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 // Seekdir moves to an offset the kernel was handed (an entry's d_off, or
 // 0): the entries from there are read and decided again.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	return d.node.view.acts(func() syscall.Errno { return d.seekdir(off) })
+}
+
+func (d *dirHandle) seekdir(off uint64) syscall.Errno {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if off == d.at && d.buf != nil {
@@ -190,18 +194,23 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 }
 
 func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return errnoOf(unix.Fsync(d.fd))
+	return d.node.view.acts(func() syscall.Errno {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return errnoOf(unix.Fsync(d.fd))
+	})
 }
 
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.fd >= 0 {
-		unix.Close(d.fd)
-		d.fd = -1
-	}
+	d.node.view.acts(func() syscall.Errno {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.fd >= 0 {
+			unix.Close(d.fd)
+			d.fd = -1
+		}
+		return 0
+	})
 }
 
 // reopenDir opens the directory an O_PATH fd stands for, for reading: as

@@ -140,19 +140,44 @@ func (h *fileHandle) decide(audit bool) bool {
 	return vis
 }
 
-func (h *fileHandle) Read(ctx context.Context, buf []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+// Read reads into buf here, holding a place among the requests acting
+// (acting.go), rather than handing go-fuse the fd to read (or splice) from
+// when it writes the reply, which no bound would cover.
+func (h *fileHandle) Read(ctx context.Context, buf []byte, off int64) (res fuse.ReadResult, errno syscall.Errno) {
 	h.node.view.reads.Add(1)
 	if !h.decide(true) {
 		return nil, syscall.EACCES
 	}
-	return h.lf.Read(ctx, buf, off)
+	errno = h.node.view.acts(func() syscall.Errno {
+		h.fdMu.RLock()
+		defer h.fdMu.RUnlock()
+		if h.released {
+			return syscall.EBADF
+		}
+		for {
+			n, err := unix.Pread(h.fd, buf, off)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return errnoOf(err)
+			}
+			res = fuse.ReadResultData(buf[:n])
+			return 0
+		}
+	})
+	return res, errno
 }
 
-func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (n uint32, errno syscall.Errno) {
 	if !h.decide(true) {
 		return 0, syscall.EACCES
 	}
-	return h.lf.Write(ctx, data, off)
+	errno = h.node.view.acts(func() (errno syscall.Errno) {
+		n, errno = h.lf.Write(ctx, data, off)
+		return errno
+	})
+	return n, errno
 }
 
 // Flush answers ENOSYS, which tells the kernel to send no FLUSH again on
@@ -167,14 +192,16 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.E
 // open's.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.node.view.untrack(h)
-	h.fdMu.Lock()
-	defer h.fdMu.Unlock()
-	h.released = true
-	return h.lf.Release(ctx)
+	return h.node.view.acts(func() syscall.Errno {
+		h.fdMu.Lock()
+		defer h.fdMu.Unlock()
+		h.released = true
+		return h.lf.Release(ctx)
+	})
 }
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	return h.lf.Fsync(ctx, flags)
+	return h.node.view.acts(func() syscall.Errno { return h.lf.Fsync(ctx, flags) })
 }
 
 func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
@@ -182,8 +209,8 @@ func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Err
 		return syscall.EACCES
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(h.fd, &st); err != nil {
-		return errnoOf(err)
+	if errno := h.node.view.acts(func() syscall.Errno { return errnoOf(unix.Fstat(h.fd, &st)) }); errno != 0 {
+		return errno
 	}
 	out.FromStat(toSyscall(&st))
 	if ttl := h.node.attrTTL(false, h.ruled); ttl > 0 {
@@ -218,14 +245,19 @@ func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint
 	if !h.decide(true) {
 		return 0, syscall.EACCES
 	}
-	return h.lf.Lseek(ctx, off, whence)
+	var n uint64
+	errno := h.node.view.acts(func() (errno syscall.Errno) {
+		n, errno = h.lf.Lseek(ctx, off, whence)
+		return errno
+	})
+	return n, errno
 }
 
 func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
 	if !h.decide(true) {
 		return syscall.EACCES
 	}
-	return h.lf.Allocate(ctx, off, size, mode)
+	return h.node.view.acts(func() syscall.Errno { return h.lf.Allocate(ctx, off, size, mode) })
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))

@@ -154,6 +154,15 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if errno != 0 {
 		return errno
 	}
+	renamed := false
+	defer func() {
+		// After restore: revoking waits for the kernel to drop pages,
+		// which may wait for READs in flight, so no place among the
+		// requests acting may be held then (acting.go).
+		if renamed {
+			revokeAll()
+		}
+	}()
 	defer a.restore()
 	exchange := flags&unix.RENAME_EXCHANGE != 0
 	srcOp, dstOp := opMutate, opCreate
@@ -180,7 +189,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errnoOf(err)
 	}
 	authGen.Add(1)
-	revokeAll()
+	renamed = true
 	if (src.isDir() || (exchange && dst.isDir())) && cfg.HasRules(n.space) {
 		// The names below the directory moved with it: a switch decides
 		// again whether it can change their listings (the epoch), and the

@@ -501,8 +501,8 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var s syscall.Statfs_t
-	if err := syscall.Fstatfs(n.backing().fd, &s); err != nil {
-		return errnoOf(err)
+	if errno := n.view.acts(func() syscall.Errno { return errnoOf(syscall.Fstatfs(n.backing().fd, &s)) }); errno != 0 {
+		return errno
 	}
 	out.FromStatfsT(&s)
 	return 0

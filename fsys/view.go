@@ -138,6 +138,9 @@ type View struct {
 
 	// lockWaiters counts the view's blocking lock requests waiting (locks.go).
 	lockWaiters atomic.Int32
+	// acting holds a token for each of the view's requests acting at once
+	// (acting.go).
+	acting chan struct{}
 
 	// reads counts READ requests the daemon served.
 	reads atomic.Int64
@@ -225,6 +228,7 @@ func newView(opts Options) (*View, error) {
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
 		lists:    listings{listed: map[*fs.Inode]*listed{}},
 		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
+		acting: make(chan struct{}, MaxActingPerView),
 	}
 	set := opts.Context
 	v.atoms.Store(&set)

@@ -321,8 +321,10 @@ func (w *Watcher) flush() {
 		}
 		w.linked = map[uint64]bool{}
 	}
-	w.timer = nil
+	// w.timer stays set until this flush ends (see the end), so that
+	// events meanwhile wait for the next one: one flush runs at a time.
 	w.mu.Unlock()
+	defer w.flushed()
 	if above {
 		w.log.Info("a directory above a backing root changed; every view's cache is dropped")
 		views.Lock()
@@ -384,6 +386,20 @@ func (w *Watcher) flush() {
 		if ch := dir.GetChild(t.name); ch != nil {
 			ch.NotifyContent(0, 0) // attributes and cached pages
 		}
+	}
+}
+
+// flushed ends a flush: the next, if events came meanwhile, starts after
+// coalesce. Flushes never overlap: each notification may wait for a
+// directory's lock that requests being served hold, and a flush started
+// every coalesce while others waited was a thread each (a writev to
+// /dev/fuse), without bound under a caller's load.
+func (w *Watcher) flushed() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.timer = nil
+	if !w.closed && (len(w.pending) > 0 || w.aboveChanged || len(w.linked) > 0) {
+		w.timer = time.AfterFunc(coalesce, w.flush)
 	}
 }
 

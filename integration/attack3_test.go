@@ -1,0 +1,172 @@
+package integration
+
+// Attacks on condfs run (the sandbox, its daemon side and the descriptors
+// the control socket takes): each test here fails on the code it was
+// written against and names the hole in its failure message.
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The linger helper: the test binary re-executed as uid 65534 (before
+// TestMain) with CONDFS_ATTACK3_LINGER=SOCKET,N sends N requests on one
+// control connection, each with 3 descriptors of TCP sockets whose final
+// close blocks (SO_LINGER of an hour, unsent data, a peer that never
+// reads), keeping no copy of them. It prints "sent N" and holds the peers
+// until stdin closes.
+func init() {
+	spec := os.Getenv("CONDFS_ATTACK3_LINGER")
+	if spec == "" {
+		return
+	}
+	sock, ns, _ := strings.Cut(spec, ",")
+	n, _ := strconv.Atoi(ns)
+	if err := lingerAttack(sock, n); err != nil {
+		fmt.Println("attack3 linger:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func lingerAttack(sock string, n int) error {
+	ln, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return err
+	}
+	syscall.SetsockoptInt(ln, syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024)
+	if err := syscall.Bind(ln, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		return err
+	}
+	if err := syscall.Listen(ln, 128); err != nil {
+		return err
+	}
+	sa, _ := syscall.Getsockname(ln)
+	addr := &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: sa.(*syscall.SockaddrInet4).Port}
+	var peers []int // accepted, never read
+	blocking := func() (int, error) {
+		c, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+		if err != nil {
+			return -1, err
+		}
+		syscall.SetsockoptInt(c, syscall.SOL_SOCKET, syscall.SO_SNDBUF, 1024)
+		if err := syscall.Connect(c, addr); err != nil {
+			return -1, err
+		}
+		p, _, err := syscall.Accept(ln)
+		if err != nil {
+			return -1, err
+		}
+		peers = append(peers, p)
+		syscall.SetNonblock(c, true)
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := syscall.Write(c, buf); err != nil {
+				break // EAGAIN: the peer's window and our buffer are full
+			}
+		}
+		syscall.SetNonblock(c, false)
+		if err := syscall.SetsockoptLinger(c, syscall.SOL_SOCKET, syscall.SO_LINGER, &syscall.Linger{Onoff: 1, Linger: 3600}); err != nil {
+			return -1, err
+		}
+		return c, nil
+	}
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		return err
+	}
+	uc := conn.(*net.UnixConn)
+	r := bufio.NewReader(uc)
+	for i := 0; i < n; i++ {
+		var fds []int
+		for j := 0; j < 3; j++ {
+			c, err := blocking()
+			if err != nil {
+				return err
+			}
+			fds = append(fds, c)
+		}
+		line := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"status","params":{}}`+"\n", i+1)
+		if _, _, err := uc.WriteMsgUnix([]byte(line), syscall.UnixRights(fds...), nil); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		for _, c := range fds {
+			syscall.Close(c) // the daemon's copy is the last
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			return fmt.Errorf("answer %d: %w", i, err)
+		}
+	}
+	fmt.Println("sent", n)
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	return nil
+}
+
+// copySelf copies the test binary where uid 65534 can run it.
+func copySelf(t *testing.T) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "attack3")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// TestAttack3LingeringDescriptorsThreads: uid 65534 sends status requests
+// with 3 descriptors each whose close blocks (TCP sockets with SO_LINGER,
+// unsent data and a peer that never reads: no privilege, no FUSE needed).
+// The socket closes every descriptor a request did not take on a goroutine
+// of its own (closeAsync), and each such close holds an OS thread for the
+// linger time: the daemon's threads grow by 3 per request without bound,
+// up to the Go runtime's 10,000-thread limit (fatal) or the unit's tasks
+// limit, and every session goes with the daemon.
+func TestAttack3LingeringDescriptorsThreads(t *testing.T) {
+	h := openHome(t, privateRule)
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	pid := d.cmd.Process.Pid
+	before := threadsOf(pid)
+	const requests = 100
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", copySelf(t))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("CONDFS_ATTACK3_LINGER=%s,%d", d.socket, requests))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+	// A stuck attacker says where (a goroutine dump on stderr).
+	tm := time.AfterFunc(30*time.Second, func() { cmd.Process.Signal(syscall.SIGQUIT) })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	tm.Stop()
+	if !strings.HasPrefix(line, "sent") {
+		t.Fatalf("the attacker did not finish sending: %q %v", line, err)
+	}
+	time.Sleep(time.Second)
+	after := threadsOf(pid)
+	// The same bound as the other thread tests take for a loaded daemon
+	// is generous here: an idle daemon answering status needs none.
+	if grown := after - before; grown > 50 {
+		t.Fatalf("the daemon's threads grew from %d to %d after %d requests carrying %d descriptors whose close blocks: every descriptor a request does not take is closed on a goroutine of its own, holding an OS thread for as long as the close blocks (unbounded; the Go runtime dies at 10,000)", before, after, requests, 3*requests)
+	}
+}

@@ -170,3 +170,60 @@ func TestAttack3LingeringDescriptorsThreads(t *testing.T) {
 		t.Fatalf("the daemon's threads grew from %d to %d after %d requests carrying %d descriptors whose close blocks: every descriptor a request does not take is closed on a goroutine of its own, holding an OS thread for as long as the close blocks (unbounded; the Go runtime dies at 10,000)", before, after, requests, 3*requests)
 	}
 }
+
+// attack3Rules: runRules' binaries and python3 (as in sandbox.md's example).
+const attack3Rules = privateRule + `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/ls", "/usr/bin/cat", "/usr/bin/sleep", "/usr/bin/id", "/usr/bin/tr", "/usr/bin/python3"]
+pids = 64
+`
+
+// attack3Home is runHome with attack3Rules and a copy of /usr/bin/wc (not
+// allowed) in the session's workspace, as an agent could write one.
+func attack3Home(t *testing.T) *daemon {
+	t.Helper()
+	h := openHome(t, attack3Rules)
+	h.t = t
+	h.write("config/policy.yaml", runPolicy)
+	h.write("memories/pub.md", "public\n")
+	wc, err := os.ReadFile("/usr/bin/wc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.write("workspace/wc.copy", string(wc))
+	for _, p := range []string{"memories", "workspace", "workspace/wc.copy"} {
+		os.Chmod(h.path(p), 0o777)
+	}
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	d.openFor("s", nobody, dmCtx)
+	return d
+}
+
+// TestAttack3MemfdExec: a program the run may execute (python3) copies a
+// program it may not (wc, written into the workspace) into a memfd and
+// executes it: execveat of the memfd, or the dynamic loader given
+// /proc/self/fd/N. A memfd lives on the kernel's internal shmem mount,
+// which is not noexec, and Landlock does not govern files of internal
+// mounts, so neither /tmp's noexec nor the Landlock exec rules stop it.
+// sandbox.md: every other program cannot be executed, however it is
+// reached, "by a copy made inside the run" included.
+func TestAttack3MemfdExec(t *testing.T) {
+	d := attack3Home(t)
+	load := `import os, sys
+fd = os.memfd_create("x", 0)
+os.write(fd, open("/workspace/wc.copy", "rb").read())
+os.set_inheritable(fd, True)
+if sys.argv[1] == "execveat":
+    os.execve(fd, ["wc", "/memories/pub.md"], {})
+else:
+    os.execv("/lib64/ld-linux-x86-64.so.2", ["ld.so", "/proc/self/fd/%d" % fd, "/memories/pub.md"])
+`
+	for _, how := range []string{"execveat", "ld.so"} {
+		out, code := condfsRun(t, d, "", "--", "python3", "-c", load, how)
+		// wc's answer for pub.md ("public\n"): 1 line, 1 word, 7 bytes.
+		if strings.Contains(out, " 1 7 /memories/pub.md") {
+			t.Errorf("%s: a copy of wc, not in [sandbox] binaries, ran from a memfd (exit %d): %q", how, code, out)
+		}
+	}
+}

@@ -18,6 +18,10 @@ import (
 	"time"
 )
 
+// The notify helper: with CONDFS_ATTACK3_NOTIFY=SOCKET, it sends a run
+// of "sleep 600" in session s as a notification (no id) with its stdio, and
+// exits.
+//
 // The linger helper: the test binary re-executed as uid 65534 (before
 // TestMain) with CONDFS_ATTACK3_LINGER=SOCKET,N sends N requests on one
 // control connection, each with 3 descriptors of TCP sockets whose final
@@ -25,6 +29,23 @@ import (
 // reads), keeping no copy of them. It prints "sent N" and holds the peers
 // until stdin closes.
 func init() {
+	if sock := os.Getenv("CONDFS_ATTACK3_NOTIFY"); sock != "" {
+		// A run request without an id (a notification), with this
+		// process's stdio, then gone.
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			fmt.Println("attack3 notify:", err)
+			os.Exit(1)
+		}
+		line := `{"jsonrpc":"2.0","method":"run","params":{"session":"s","argv":["sleep","600"],"timeout_ms":1000}}` + "\n"
+		if _, _, err := c.(*net.UnixConn).WriteMsgUnix([]byte(line), syscall.UnixRights(0, 1, 2), nil); err != nil {
+			fmt.Println("attack3 notify:", err)
+			os.Exit(1)
+		}
+		time.Sleep(2 * time.Second) // the daemon has read it
+		fmt.Println("sent")
+		os.Exit(0)
+	}
 	spec := os.Getenv("CONDFS_ATTACK3_LINGER")
 	if spec == "" {
 		return
@@ -225,5 +246,72 @@ else:
 		if strings.Contains(out, " 1 7 /memories/pub.md") {
 			t.Errorf("%s: a copy of wc, not in [sandbox] binaries, ran from a memfd (exit %d): %q", how, code, out)
 		}
+	}
+}
+
+// sleeps600 counts the processes running "sleep 600".
+func sleeps600() int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == "sleep\x00600\x00" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAttack3RunNotification: a run sent as a notification (no "id") is
+// built and started, but the server drops a notification's result, so the
+// run's Takeover never runs: nothing watches its connection (the command
+// outlives its client), its --timeout is never armed, it is never audited,
+// and it is never taken off its session's runs, so session.close (and the
+// daemon's shutdown) waits for it forever, with the view still mounted.
+func TestAttack3RunNotification(t *testing.T) {
+	d := attack3Home(t)
+	hung := false
+	t.Cleanup(func() {
+		if hung {
+			// The daemon cannot close the session: kill it and detach
+			// what it left mounted.
+			d.cmd.Process.Kill()
+			<-d.exited
+			for _, m := range mountsUnder(d.home.root) {
+				syscall.Unmount(m, syscall.MNT_DETACH)
+			}
+		}
+	})
+	before := sleeps600()
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", copySelf(t))
+	cmd.Env = append(os.Environ(), "CONDFS_ATTACK3_NOTIFY="+d.socket)
+	// Its stdio goes to the run: a file, not a pipe the test would wait on.
+	outPath := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(outPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Dir(outPath), 0o777)
+	os.Chmod(outPath, 0o666)
+	cmd.Stdout, cmd.Stderr = f, f
+	err = cmd.Run()
+	f.Close()
+	if out, _ := os.ReadFile(outPath); err != nil || !strings.Contains(string(out), "sent") {
+		t.Fatalf("the attacker: %v %s", err, out)
+	}
+	// The client is gone and the 1 s timeout has passed.
+	time.Sleep(3 * time.Second)
+	if n := sleeps600() - before; n > 0 {
+		t.Errorf("a run sent as a notification outlives its client and its --timeout: %d sleep 600 still running after the client exited", n)
+	}
+	closed := make(chan struct{})
+	go func() {
+		d.client.Call("session.close", map[string]any{"id": "s"}, nil)
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		hung = true
+		t.Fatalf("session.close has not returned after 20 s: the run sent as a notification was never taken off the session's runs, and closing waits for it forever (the view stays mounted: %v)", mountsUnder(d.home.root))
 	}
 }

@@ -140,6 +140,10 @@ type Server struct {
 	once     sync.Once
 	// panics counts handlers that panicked.
 	panics atomic.Int64
+	// Each uid's closers of the descriptors its peers sent (stream.go).
+	closeMu sync.Mutex
+	closeQ  map[uint32]chan int
+	closers sync.WaitGroup
 }
 
 // Live reports an error if a daemon answers on path: a second daemon must
@@ -270,6 +274,7 @@ func (s *Server) Close() error {
 		}
 		s.mu.Unlock()
 		s.wg.Wait()
+		s.stopClosers()
 	})
 	return err
 }
@@ -333,7 +338,7 @@ func (s *Server) serveConn(sl *slot) {
 	c := sl.c
 	defer c.Close()
 	w := bufio.NewWriter(c)
-	fc := newFDConn(c)
+	fc := newFDConn(c, s, sl.uid)
 	defer fc.drop()
 	r := bufio.NewReaderSize(fc, 64<<10)
 	ctx, cancel := context.WithCancel(context.WithValue(WithPeerUID(context.Background(), sl.uid), filesKey{}, fc))
@@ -363,7 +368,7 @@ func (s *Server) serveConn(sl *slot) {
 		if t, ok := resp.Result.(Takeover); ok {
 			fc.drop()
 			c.SetReadDeadline(time.Time{})
-			t(ctx, &Stream{Conn: c, R: r, ID: resp.ID, w: w, srv: s})
+			t(ctx, &Stream{Conn: c, R: r, ID: resp.ID, w: w, srv: s, notify: !reply})
 			s.end(sl)
 			return
 		}
@@ -410,6 +415,11 @@ func (s *Server) handle(ctx context.Context, line []byte) (response, bool) {
 	}
 	result, rerr := s.call(ctx, *req.Method, params)
 	if req.ID == nil {
+		if t, ok := result.(Takeover); ok {
+			// A takeover runs all the same (a run's lifeline, its
+			// timeout, its end), and answers nothing.
+			return response{Result: t}, false
+		}
 		return response{}, false // a notification: no answer
 	}
 	if rerr != nil {

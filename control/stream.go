@@ -30,13 +30,15 @@ const MaxFiles = 3
 // that arrive (close-on-exec: Go asks for MSG_CMSG_CLOEXEC).
 type fdConn struct {
 	c   *net.UnixConn
+	srv *Server
+	uid uint32
 	oob []byte
 	mu  sync.Mutex
 	fds []int
 }
 
-func newFDConn(c *net.UnixConn) *fdConn {
-	return &fdConn{c: c, oob: make([]byte, unix.CmsgSpace(4*MaxFiles))}
+func newFDConn(c *net.UnixConn, srv *Server, uid uint32) *fdConn {
+	return &fdConn{c: c, srv: srv, uid: uid, oob: make([]byte, unix.CmsgSpace(4*MaxFiles))}
 }
 
 func (f *fdConn) Read(p []byte) (int, error) {
@@ -66,7 +68,7 @@ func (f *fdConn) keep(oob []byte) {
 			if len(f.fds) < MaxFiles {
 				f.fds = append(f.fds, fd)
 			} else {
-				closeAsync(fd)
+				f.srv.release(f.uid, fd)
 			}
 		}
 	}
@@ -84,13 +86,87 @@ func (f *fdConn) take() []int {
 // drop closes what no handler took.
 func (f *fdConn) drop() {
 	for _, fd := range f.take() {
-		closeAsync(fd)
+		f.srv.release(f.uid, fd)
 	}
 }
 
-// closeAsync closes fd off the caller's goroutine: closing a file of a
-// FUSE mount whose server hangs blocks in FLUSH, and a peer chose the file.
-func closeAsync(fd int) { go unix.Close(fd) }
+// closersPerUID bounds the threads closing one uid's descriptors.
+const closersPerUID = 2
+
+// release closes a descriptor a peer sent, on the closers of the peer's
+// uid. A close can block for as long as the peer likes (a socket lingering
+// on unsent data, a file of a FUSE mount whose server hangs in FLUSH): each
+// uid's closes hold at most closersPerUID threads, and when they are stuck
+// the uid's own connections wait to hand over more, as goroutines, while
+// every other uid's descriptors are closed by their own closers.
+func (s *Server) release(uid uint32, fd int) {
+	s.closeMu.Lock()
+	if s.closeQ == nil {
+		s.closeQ = map[uint32]chan int{}
+	}
+	ch := s.closeQ[uid]
+	if ch == nil {
+		ch = make(chan int, 64)
+		s.closeQ[uid] = ch
+		for range closersPerUID {
+			s.closers.Add(1)
+			go func() {
+				defer s.closers.Done()
+				for fd := range ch {
+					unix.Close(fd)
+				}
+			}()
+		}
+	}
+	s.closeMu.Unlock()
+	ch <- fd
+}
+
+// stopClosers ends the closers once no connection is left to send them
+// anything (Close).
+func (s *Server) stopClosers() {
+	s.closeMu.Lock()
+	for uid, ch := range s.closeQ {
+		close(ch)
+		delete(s.closeQ, uid)
+	}
+	s.closeMu.Unlock()
+	s.closers.Wait()
+}
+
+// Release closes files a handler took (TakeFiles) and no longer needs,
+// as the socket closes those it did not take: on the closers of the
+// client's uid, never on the handler's goroutine.
+func Release(ctx context.Context, files []*os.File) {
+	f, _ := ctx.Value(filesKey{}).(*fdConn)
+	for _, file := range files {
+		if f == nil {
+			file.Close()
+			continue
+		}
+		// The File gives up its descriptor (no finalizer closes it again).
+		fd, err := dupAndClose(file)
+		if err == nil {
+			f.srv.release(f.uid, fd)
+		}
+	}
+}
+
+// dupAndClose hands over file's descriptor as a plain number.
+func dupAndClose(file *os.File) (int, error) {
+	raw, err := file.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	raw.Control(func(u uintptr) { fd, derr = unix.FcntlInt(u, unix.F_DUPFD_CLOEXEC, 0) })
+	if derr != nil {
+		return -1, derr
+	}
+	file.Close() // the original number: not the last reference, never blocks
+	return fd, nil
+}
 
 type filesKey struct{}
 
@@ -116,6 +192,8 @@ type Stream struct {
 	ID   []byte
 	w    *bufio.Writer
 	srv  *Server
+	// notify: the request was a notification; nothing is answered.
+	notify bool
 }
 
 // Takeover answers a request by taking the connection over (see above).
@@ -123,6 +201,9 @@ type Takeover func(ctx context.Context, s *Stream)
 
 // Respond writes the answer to the request that was taken over.
 func (s *Stream) Respond(result any, err *Error) error {
+	if s.notify {
+		return nil
+	}
 	if !s.srv.write(s.Conn, s.w, response{ID: s.ID, Result: result, Error: err}) {
 		return errors.New("the client does not read its answer")
 	}

@@ -141,9 +141,9 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	keep := false
 	defer func() {
 		if !keep {
-			for _, f := range files {
-				f.Close()
-			}
+			// On the client's uid's closers: a descriptor's last close
+			// may block as long as the client likes.
+			control.Release(ctx, files)
 		}
 	}()
 	var p runParams
@@ -238,9 +238,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if err != nil {
 		return nil, runError("cannot build the sandbox: %v", err)
 	}
-	for _, f := range files {
-		f.Close() // the init has its own copies
-	}
+	control.Release(ctx, files) // the init has its own copies
 	keep = true
 	a := &activeRun{r: r, binaries: sb.Binaries()}
 	// Every change of a run's allowlist is made under its session's

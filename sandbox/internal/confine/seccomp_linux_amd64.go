@@ -23,6 +23,10 @@ var refusedEPERM = []string{
 	"settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
 	"acct", "lookup_dcookie", "vhangup", "syslog",
 	"fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+	// A memfd lives on the kernel's internal shmem mount, which is not
+	// noexec and which Landlock does not govern: a copy of any program
+	// written into one ran (execveat, or the loader on /proc/self/fd/N).
+	"memfd_create", "memfd_secret",
 }
 
 // cloneNewFlags are the namespace flags clone(2) accepts in its first

@@ -86,6 +86,8 @@ func refused() map[string]int {
 		"lookup_dcookie":    raw(unix.SYS_LOOKUP_DCOOKIE, 0, 0, 0),
 		"vhangup":           0,                              // filled below only when refused: a real vhangup would hang up our tty
 		"syslog":            raw(unix.SYS_SYSLOG, 10, 0, 0), // SYSLOG_ACTION_SIZE_BUFFER
+		"memfd_create":      raw(unix.SYS_MEMFD_CREATE, uintptr(unsafe.Pointer(&memfdName[0])), 0),
+		"memfd_secret":      raw(unix.SYS_MEMFD_SECRET, 0),
 		"fsopen":            raw(unix.SYS_FSOPEN, c("condfs-no-such-fs"), 0),
 		"fsconfig":          raw(unix.SYS_FSCONFIG, ^uintptr(0), 0, 0, 0, 0),
 		"fsmount":           raw(unix.SYS_FSMOUNT, ^uintptr(0), 0, 0),
@@ -222,3 +224,5 @@ func main() {
 		os.Exit(2)
 	}
 }
+
+var memfdName = []byte("probe\x00")

@@ -157,22 +157,7 @@ func threadsUnderLoad(t *testing.T, op string) {
 		}
 	})
 
-	// The test binary, where uid 65534 can run it.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	os.Chmod(dir, 0o755)
-	bin := filepath.Join(dir, "attack2")
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", copySelf(t))
 	cmd.Env = append(os.Environ(), "CONDFS_ATTACK2_LOAD="+op+","+mnt+"/workspace,400,6")
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -207,20 +207,7 @@ func TestRunClientGone(t *testing.T) {
 // builds its runs with user namespaces; what a run sees and may execute
 // follows the session's context as with a root daemon.
 func TestRunUnprivilegedDaemon(t *testing.T) {
-	requireFUSE(t)
-	if _, err := exec.LookPath("fusermount3"); err != nil {
-		t.Fatalf("fusermount3 is needed (apt-get install fuse3): %v", err)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Stat("/dev/fuse", &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Mode&0o006 != 0o006 {
-		if err := os.Chmod("/dev/fuse", 0o666); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.Chmod("/dev/fuse", os.FileMode(st.Mode&0o777)) })
-	}
+	requireUnprivilegedFUSE(t)
 	h := openHome(t, runRules)
 	h.write("config/policy.yaml", runPolicy)
 	h.write("memories/private/p.md", "dm secret\n")

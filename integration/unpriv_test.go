@@ -11,20 +11,14 @@ import (
 	"github.com/condfs/condfs/control"
 )
 
-// TestUnprivilegedDaemon runs condfs serve as an ordinary user (uid 65534),
-// with no special flags, as on a laptop: /dev/fuse 0666 and fusermount3
-// installed, as every mainstream distribution ships them. The daemon
-// mounts through fusermount3 and still holds the /dev/fuse connection, so
-// it uses the epoch notification where the kernel has it; the "entries"
-// run forces the per-entry invalidation of older kernels
-// (CONDFS_INVALIDATION=entries). Both must show zero stale answers across
-// context switches, and revoke a held file.
-func TestUnprivilegedDaemon(t *testing.T) {
+// requireUnprivilegedFUSE: what an ordinary user's daemon needs, as
+// distributions ship it: fusermount3, and /dev/fuse 0666 (so does .ci/run).
+func requireUnprivilegedFUSE(t *testing.T) {
+	t.Helper()
 	requireFUSE(t)
 	if _, err := exec.LookPath("fusermount3"); err != nil {
 		t.Fatalf("fusermount3 is needed (apt-get install fuse3): %v", err)
 	}
-	// Distributions make /dev/fuse 0666; so does .ci/run.
 	var st syscall.Stat_t
 	if err := syscall.Stat("/dev/fuse", &st); err != nil {
 		t.Fatal(err)
@@ -35,6 +29,18 @@ func TestUnprivilegedDaemon(t *testing.T) {
 		}
 		t.Cleanup(func() { os.Chmod("/dev/fuse", os.FileMode(st.Mode&0o777)) })
 	}
+}
+
+// TestUnprivilegedDaemon runs condfs serve as an ordinary user (uid 65534),
+// with no special flags, as on a laptop: /dev/fuse 0666 and fusermount3
+// installed, as every mainstream distribution ships them. The daemon
+// mounts through fusermount3 and still holds the /dev/fuse connection, so
+// it uses the epoch notification where the kernel has it; the "entries"
+// run forces the per-entry invalidation of older kernels
+// (CONDFS_INVALIDATION=entries). Both must show zero stale answers across
+// context switches, and revoke a held file.
+func TestUnprivilegedDaemon(t *testing.T) {
+	requireUnprivilegedFUSE(t)
 	for _, inval := range []string{"epoch", "entries"} {
 		t.Run(inval, func(t *testing.T) {
 			h := openHome(t, privateRule)

@@ -438,6 +438,9 @@ func TestConfined(t *testing.T) {
 		return nil
 	})
 	if prog == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no ELF program under /usr/lib: Landlock's refusal cannot be shown (CI machines have several)")
+		}
 		t.Skip("no ELF program under /usr/lib on this host")
 	}
 	out := expect(t, testSpec(t, prog+" --version"), 126, "")

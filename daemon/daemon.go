@@ -58,6 +58,9 @@ type Config struct {
 	// MaxSessions bounds the open sessions; 0 derives it from the
 	// daemon's limits (DefaultMaxSessions).
 	MaxSessions int
+	// WarmRuns bounds the sandboxes built ahead for sessions' next runs
+	// (warm.go); 0 builds each run's when it comes.
+	WarmRuns int
 	// StateDir holds sessions.json, the sessions restored after a crash;
 	// "" keeps no state.
 	StateDir string
@@ -101,6 +104,7 @@ type Daemon struct {
 	restored      int // sessions restored at start
 	closing       atomic.Bool
 	denials       denialLimiter
+	warm          *warmPool // sandboxes of the next runs, built ahead (warm.go)
 
 	stopWatch func()
 }
@@ -139,6 +143,7 @@ func New(cfg Config) (*Daemon, error) {
 		policy:     newPolicy(cfg.Policy),
 		sessions:   map[string]*session{},
 		mounts:     map[string]string{},
+		warm:       newWarmPool(cfg.WarmRuns),
 	}
 	if err := d.conditions.initial(); err != nil {
 		return nil, err
@@ -251,6 +256,7 @@ func (d *Daemon) Close() error {
 		d.stopWatch()
 	}
 	errs = append(errs, d.server.Close())
+	d.warm.close()
 	errs = append(errs, d.closeAll())
 	if d.stopMetrics != nil {
 		d.stopMetrics()
@@ -356,6 +362,7 @@ func (d *Daemon) closeSession(id string) error {
 	}
 	// No process outlives its session's authority: the runs end first.
 	s.runs.closeAll()
+	d.warm.drop(&s.runs) // it holds a clone of the view
 	err := s.view.Unmount()
 	d.log.Info("session closed", "session", id, "err", err)
 	d.dropSession(s, !d.closing.Load())

@@ -234,23 +234,25 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	} else if gid, groups, err := userGroups(s.owner); err == nil {
 		spec.GID, spec.Groups = gid, groups
 	}
-	r, err := sandbox.Start(spec, files[0], files[1], files[2])
-	if err != nil {
-		return nil, runError("cannot build the sandbox: %v", err)
+	// The sandbox built ahead for this session, or a new one.
+	r := d.warm.take(&s.runs, warmKey(spec))
+	if r == nil {
+		var err error
+		if r, err = sandbox.Prepare(spec); err != nil {
+			return nil, runError("cannot build the sandbox: %v", err)
+		}
 	}
-	control.Release(ctx, files) // the init has its own copies
-	keep = true
 	a := &activeRun{r: r, binaries: sb.Binaries()}
 	// Every change of a run's allowlist is made under its session's
 	// switch lock (context.set, reload), so the last one made is the
-	// newest context's. A switch or reload since the run was built may
-	// have missed it: tell it what is in force now.
+	// newest context's: the command begins with what is in force now.
 	s.switchMu.Lock()
 	added := s.runs.add(a)
+	var err error
 	if added {
-		if err := r.Allow(allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries())); err != nil {
-			r.Kill() // as in allowRuns; a run that has just ended reports it too
-		}
+		err = r.Begin(sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd,
+			Allowed: allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries())},
+			files[0], files[1], files[2])
 	}
 	s.switchMu.Unlock()
 	if !added {
@@ -258,6 +260,13 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		r.Wait()
 		return nil, runError("session %q is closing", s.id)
 	}
+	if err != nil {
+		s.runs.remove(a)
+		return nil, runError("cannot build the sandbox: %v", err)
+	}
+	control.Release(ctx, files) // the init has its own copies
+	keep = true
+	d.warm.refill(&s.runs, spec) // the next run's, while this one goes on
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
 		defer s.runs.remove(a)

@@ -16,3 +16,24 @@ func BenchmarkStartWait(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBegin is the part of a run that a sandbox built ahead leaves:
+// the command begun in a prepared run, to its exit.
+func BenchmarkBegin(b *testing.B) {
+	spec := testSpec(b, "")
+	cmd := Command{Argv: []string{"/usr/bin/true"}, Allowed: spec.Binaries}
+	for b.Loop() {
+		b.StopTimer()
+		r, err := Prepare(spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := r.Begin(cmd, nil, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+		if ex := r.Wait(); ex.Code != 0 {
+			b.Fatalf("exit %+v", ex)
+		}
+	}
+}

@@ -95,23 +95,76 @@ func initMain() int {
 			return fail(step("rlimits", err))
 		}
 	}
-	pid, err := startCommand(is.Spec)
+	// The thread that will fork the command is confined now, while the
+	// sandbox waits: a prepared run's command only has to be forked.
+	if err := closeOnExecAll(); err != nil {
+		return fail(step("descriptors", err))
+	}
+	fk, err := newForker(is.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if err := ch.send(message{Op: opReady}); err != nil {
+		return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
+	}
+	// Prepared: the root is built; wait for the command.
+	if m, err = ch.recv(); err != nil {
+		return exitInitFailed // the daemon dropped the run before its command
+	}
+	spec, err := takeCommand(ch, m, is.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if err := al.set(spec.Allowed); err != nil {
+		return fail(step("binaries", err))
+	}
+	pid, err := startCommand(fk, spec)
 	if err != nil {
 		return fail(err)
 	}
 	if is.Rlimits {
-		if err := setAS(pid, is.Spec); err != nil {
+		if err := setAS(pid, spec); err != nil {
 			_ = unix.Kill(pid, unix.SIGKILL)
 			return fail(step("rlimits", err))
 		}
 	}
-	if err := ch.send(message{Op: opReady}); err != nil {
-		return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
+	if err := ch.send(message{Op: opStarted}); err != nil {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		return exitInitFailed
 	}
 	go control(ch, al, pid)
 	code, sig := reap(pid)
 	_ = ch.send(message{Op: opExit, Code: code, Signal: sig})
 	return code
+}
+
+// takeCommand reads the run message: the command, and the three
+// descriptors it carried, which become the init's (and so the command's)
+// 0, 1 and 2.
+func takeCommand(ch *channel, m message, spec Spec) (Spec, error) {
+	fds := ch.takeFiles()
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	if m.Op != opRun || m.Cmd == nil {
+		return spec, step("read command", fmt.Errorf("unexpected %q", m.Op))
+	}
+	if len(fds) != 3 {
+		return spec, step("read command", fmt.Errorf("%d descriptors passed, want stdin, stdout and stderr", len(fds)))
+	}
+	c := *m.Cmd
+	if err := c.validate(spec.Binaries); err != nil {
+		return spec, step("read command", err)
+	}
+	for i, fd := range fds {
+		if err := unix.Dup3(fd, i, 0); err != nil {
+			return spec, step("stdio", err)
+		}
+	}
+	spec.Argv, spec.Env, spec.Cwd, spec.Allowed = c.Argv, c.Env, c.Cwd, c.Allowed
+	return spec, nil
 }
 
 // control applies the daemon's requests until the channel closes. A daemon
@@ -169,10 +222,47 @@ func reap(pid int) (code, sig int) {
 	}
 }
 
-// startCommand forks the command on a locked thread that confineHook has
-// confined; the thread is never unlocked, so it dies with its goroutine and
-// its confinement never serves other goroutines.
-func startCommand(spec Spec) (int, error) {
+// forker is a locked thread that confineHook has confined, waiting to
+// fork the command. The thread is never unlocked, so it dies with its
+// goroutine and its confinement never serves other goroutines.
+type forker struct {
+	reqs chan forkReq
+}
+
+type forkReq struct {
+	path string
+	argv []string
+	attr *syscall.ProcAttr
+	res  chan forkRes
+}
+
+type forkRes struct {
+	pid int
+	err error
+}
+
+func newForker(spec Spec) (*forker, error) {
+	fk := &forker{reqs: make(chan forkReq)}
+	confined := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := confineHook(spec); err != nil {
+			confined <- step("confine", err)
+			return
+		}
+		confined <- nil
+		r := <-fk.reqs
+		pid, err := syscall.ForkExec(r.path, r.argv, r.attr)
+		r.res <- forkRes{pid, err}
+	}()
+	if err := <-confined; err != nil {
+		return nil, err
+	}
+	return fk, nil
+}
+
+// startCommand looks the command up as its owner and forks it on fk.
+func startCommand(fk *forker, spec Spec) (int, error) {
 	// Looked up as the owner: the view admits its owner, not root.
 	var path string
 	if err := asOwner(spec, func() error {
@@ -187,9 +277,6 @@ func startCommand(spec Spec) (int, error) {
 	}); err != nil {
 		return 0, err
 	}
-	if err := closeOnExecAll(); err != nil {
-		return 0, step("descriptors", err)
-	}
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Cwd,
 		Env:   spec.Env,
@@ -199,25 +286,13 @@ func startCommand(spec Spec) (int, error) {
 	if !spec.UserNS {
 		attr.Sys.Credential = &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: spec.Groups}
 	}
-	type started struct {
-		pid int
-		err error
-	}
-	res := make(chan started, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := confineHook(spec); err != nil {
-			res <- started{err: step("confine", err)}
-			return
-		}
-		pid, err := syscall.ForkExec(path, spec.Argv, attr)
-		if err != nil {
-			err = step("exec", fmt.Errorf("%s: %w", path, err))
-		}
-		res <- started{pid, err}
-	}()
+	res := make(chan forkRes, 1)
+	fk.reqs <- forkReq{path, spec.Argv, attr, res}
 	r := <-res
-	return r.pid, r.err
+	if r.err != nil {
+		return 0, step("exec", fmt.Errorf("%s: %w", path, r.err))
+	}
+	return r.pid, nil
 }
 
 // lookPath finds name as the command's PATH would.

@@ -9,6 +9,8 @@ import (
 )
 
 // Spec is one run: the command, whom it runs as, what it sees and its limits.
+// Prepare uses all but the Command fields (Argv, Env, Cwd, Allowed), which
+// Begin takes; Start uses it whole.
 type Spec struct {
 	Argv []string
 	Env  []string
@@ -59,17 +61,22 @@ type initSpec struct {
 	Hostname string // of the run's UTS namespace
 }
 
+// Command is what a prepared run starts: what differs between two runs of
+// the same sandbox.
+type Command struct {
+	Argv    []string
+	Env     []string
+	Cwd     string   // inside the sandbox, under /workspace or /memories; default /workspace
+	Allowed []string // those of Spec.Binaries allowed at start in the session's context
+}
+
+// command is the Command part of a Spec (what Start begins).
+func (s *Spec) command() Command {
+	return Command{Argv: s.Argv, Env: s.Env, Cwd: s.Cwd, Allowed: s.Allowed}
+}
+
+// validate checks the sandbox part of s (everything but the command).
 func (s *Spec) validate() error {
-	if len(s.Argv) == 0 || s.Argv[0] == "" {
-		return errors.New("no command")
-	}
-	if s.Cwd == "" {
-		s.Cwd = "/workspace"
-	}
-	c := filepath.Clean(s.Cwd)
-	if c != s.Cwd || !(under(c, "/workspace") || under(c, "/memories")) {
-		return fmt.Errorf("cwd %q is not a clean path under /workspace or /memories", s.Cwd)
-	}
 	for _, d := range []struct{ what, p string }{{"workspace", s.Workspace}, {"memories", s.Memories}} {
 		// Not looked at here: in the daemon these are its own FUSE
 		// views, which a process that serves them must not use; the
@@ -100,8 +107,23 @@ func (s *Spec) validate() error {
 			return errors.New("user namespace: supplementary groups cannot be set")
 		}
 	}
-	for _, a := range s.Allowed {
-		if !contains(s.Binaries, a) {
+	return nil
+}
+
+// validate checks c against the binaries of its sandbox.
+func (c *Command) validate(binaries []string) error {
+	if len(c.Argv) == 0 || c.Argv[0] == "" {
+		return errors.New("no command")
+	}
+	if c.Cwd == "" {
+		c.Cwd = "/workspace"
+	}
+	cl := filepath.Clean(c.Cwd)
+	if cl != c.Cwd || !(under(cl, "/workspace") || under(cl, "/memories")) {
+		return fmt.Errorf("cwd %q is not a clean path under /workspace or /memories", c.Cwd)
+	}
+	for _, a := range c.Allowed {
+		if !contains(binaries, a) {
 			return fmt.Errorf("allowed %q is not in binaries", a)
 		}
 	}

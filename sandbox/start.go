@@ -28,20 +28,23 @@ const startTimeout = 30 * time.Second
 // killed, since its run may hold a binary it should no longer have.
 const allowTimeout = 10 * time.Second
 
-// Run is one started sandbox.
+// Run is one sandbox: built by Prepare, its command started by Begin.
 type Run struct {
 	cmd  *exec.Cmd
 	ch   *channel
 	conn *os.File
 	cg   *cgroups
+	spec Spec
 
 	mu      sync.Mutex // guards the fields below
 	nextID  uint64
 	pending map[uint64]chan string
+	begun   bool
 	exit    *Exit // from the init's exit message
 	killed  bool
 	closed  bool // the channel is gone: no ack will come
 
+	started  chan message  // the init's answer to run: started or error
 	readDone chan struct{} // closed when readLoop has read the channel to its end
 	done     chan struct{} // closed when the init is reaped and the run cleaned up
 	result   Exit
@@ -51,7 +54,31 @@ type Run struct {
 // stdout and stderr as its descriptors 0, 1 and 2 (nil: /dev/null). It
 // returns once the command has started, or the step that failed.
 func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
+	c := spec.command()
+	if err := c.validate(spec.Binaries); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	r, err := Prepare(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Begin(c, stdin, stdout, stderr); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Prepare builds the sandbox of spec (its Command fields are not used) and
+// returns it waiting for its command: the root built, the init in its
+// cgroups and confined as the command will be, spec.Allowed attached (Begin
+// sets the command's own), nothing of the command running. A prepared run
+// is used once: Begin it, or Kill it.
+func Prepare(spec Spec) (*Run, error) {
+	spec.Argv, spec.Env, spec.Cwd = nil, nil, ""
 	if err := spec.validate(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := (&Command{Argv: []string{"-"}, Allowed: spec.Allowed}).validate(spec.Binaries); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	entries, err := resolveBinaries(spec.Binaries)
@@ -65,11 +92,11 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	conn := os.NewFile(uintptr(fds[0]), "sandbox-channel")
 	initEnd := os.NewFile(uintptr(fds[1]), "sandbox-channel-init")
 
+	// The init's own stdio is /dev/null until Begin hands it the command's.
 	cmd := exec.Command(initPath, initArg)
 	cmd.Args[0] = "condfs"
 	cmd.Env = []string{}
 	cmd.Dir = "/"
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	cmd.ExtraFiles = []*os.File{initEnd}
 	cmd.SysProcAttr = sysProcAttr(&spec)
 	if err := startOnSpawner(cmd); err != nil {
@@ -79,8 +106,8 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	}
 	initEnd.Close()
 
-	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, pending: map[uint64]chan string{},
-		readDone: make(chan struct{}), done: make(chan struct{})}
+	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, spec: spec, pending: map[uint64]chan string{},
+		started: make(chan message, 1), readDone: make(chan struct{}), done: make(chan struct{})}
 	fail := func(err error) (*Run, error) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -89,8 +116,8 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 
-	// The init joins its cgroups before it learns what to run, so nothing
-	// of the run ever runs outside them.
+	// The init joins its cgroups before it learns what to build, so
+	// nothing of the run ever runs outside them.
 	rlimits := false
 	r.cg, err = newCgroups(cmd.Process.Pid, spec.Pids, spec.Memory)
 	if err != nil {
@@ -102,10 +129,6 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	is := &initSpec{Spec: spec, Entries: entries, Rlimits: rlimits, Hostname: "condfs"}
 	if err := r.ch.send(message{Op: opSpec, Spec: is}); err != nil {
 		return fail(err)
-	}
-	type reply struct {
-		m   message
-		err error
 	}
 	got := make(chan reply, 1)
 	go func() {
@@ -128,6 +151,66 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	go r.readLoop()
 	go r.waitLoop()
 	return r, nil
+}
+
+type reply struct {
+	m   message
+	err error
+}
+
+// Begin starts c in the prepared run r, with stdin, stdout and stderr as
+// its descriptors 0, 1 and 2 (nil: /dev/null), and with exactly c.Allowed
+// attached before it starts. It returns once the command has started, or
+// the step that failed; then the run is ended.
+func (r *Run) Begin(c Command, stdin, stdout, stderr *os.File) error {
+	if err := c.validate(r.spec.Binaries); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	r.mu.Lock()
+	again := r.begun
+	r.begun = true
+	r.mu.Unlock()
+	if again {
+		return errors.New("sandbox: this run has begun already")
+	}
+	fail := func(err error) error {
+		r.Kill()
+		r.Wait()
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	var fds []int
+	for _, f := range []*os.File{stdin, stdout, stderr} {
+		if f == nil {
+			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+			if err != nil {
+				return fail(err)
+			}
+			defer null.Close()
+			f = null
+		}
+		fds = append(fds, int(f.Fd()))
+	}
+	err := r.ch.sendFiles(message{Op: opRun, Cmd: &c}, fds)
+	for _, f := range []*os.File{stdin, stdout, stderr} {
+		runtime.KeepAlive(f)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	select {
+	case m := <-r.started:
+		switch m.Op {
+		case opStarted:
+			return nil
+		case opError:
+			return fail(fmt.Errorf("%s: %s", m.Step, m.Err))
+		}
+		return fail(fmt.Errorf("init: unexpected %q", m.Op))
+	case <-r.readDone:
+		return fail(errors.New("init: exited before the command started"))
+	case <-time.After(startTimeout):
+		return fail(errors.New("init: no answer"))
+	}
 }
 
 func initGone(err error) error {
@@ -161,6 +244,9 @@ func (r *Run) readLoop() {
 	defer close(r.readDone)
 	for {
 		m, err := r.ch.recv()
+		for _, fd := range r.ch.takeFiles() {
+			unix.Close(fd) // the init sends none
+		}
 		if err != nil {
 			r.mu.Lock()
 			r.closed = true
@@ -173,6 +259,11 @@ func (r *Run) readLoop() {
 		}
 		r.mu.Lock()
 		switch m.Op {
+		case opStarted, opError:
+			select {
+			case r.started <- m:
+			default:
+			}
 		case opAck:
 			if c, ok := r.pending[m.ID]; ok {
 				c <- m.Err

@@ -61,6 +61,7 @@ unmount every view and remove the socket.`, stderr)
 	stateDir := fs.String("state-dir", "", "where sessions are kept across crashes and restarts (default: the socket's directory; \"none\" keeps none)")
 	connections := fs.String("connections", defaultConnections(), "shared: one FUSE connection serves every session, each view a bind mount of it (root only; threads stay bounded at thousands of sessions); per-session: a connection per view")
 	hubDir := fs.String("hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
+	warmRuns := fs.Int("warm-runs", 16, "sandboxes built ahead for the next condfs run of sessions that ran one (each: an idle init, its cgroup, a clone of the view; 0: none)")
 	maxSessions := fs.Int("max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits)")
 	cacheTTL := fs.Duration("cache-ttl", time.Minute, "how long the kernel may cache entries and attributes no rule governs; inotify on the backing trees keeps them fresh (1s: everything cached for a second, no inotify; use it for backing trees on network filesystems)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at /metrics on a Unix socket path or a loopback address such as 127.0.0.1:9464 (default: off)")
@@ -161,7 +162,7 @@ unmount every view and remove the socket.`, stderr)
 		Socket: *socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: *allowOther, AllowHardlinks: *allowHardlinks,
 		MountRoot: *mountRoot, MaxConns: *maxConns, MaxConnsPerUID: *maxConnsPerUID, StateDir: *stateDir,
-		HubDir: *hubDir, MaxSessions: *maxSessions, Metrics: *metricsAddr, CacheTTL: *cacheTTL,
+		HubDir: *hubDir, MaxSessions: *maxSessions, WarmRuns: *warmRuns, Metrics: *metricsAddr, CacheTTL: *cacheTTL,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

@@ -1,0 +1,204 @@
+package daemon
+
+// Runs built ahead. A run's sandbox (namespaces, root, clones, cgroups)
+// costs far more than starting its command, and agents run commands one
+// after another in the same session. So once a session has run a command,
+// the daemon builds the sandbox of its next run while the current one goes
+// on (sandbox.Prepare), and the next run only begins its command in it
+// (Begin). Each prepared sandbox serves one run: its /tmp, /dev/shm and
+// processes are never shared. Nothing is decided ahead: the policy's
+// decision, the cwd and the binaries the context allows are taken when the
+// run comes, and Begin attaches those binaries before the command starts,
+// under the session's switch lock.
+//
+// A prepared sandbox is used only by a run whose sandbox would be built the
+// same (the key: owner, groups, view, [sandbox] binaries, network, limits);
+// any other is dropped. The pool holds at most max of them (the least
+// recently prepared goes first) and each for at most idle: an idle one
+// holds an init process, a cgroup and a clone of its session's view.
+// Lock order: runs.mu before warmPool.mu.
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/condfs/condfs/sandbox"
+)
+
+// warmIdle is how long a prepared sandbox waits for its run.
+const warmIdle = 2 * time.Minute
+
+type warmPool struct {
+	mu      sync.Mutex // guards the fields below
+	max     int
+	closed  bool
+	entries map[*runs]*warmRun
+	wg      sync.WaitGroup // preparations and discards in flight
+}
+
+type warmRun struct {
+	key   string
+	since time.Time
+	ready chan struct{} // closed once prepared (r or err set)
+	r     *sandbox.Run
+	err   error
+	timer *time.Timer // drops it after warmIdle
+}
+
+// warmKey is what a prepared sandbox must have been built from to serve
+// spec's run.
+func warmKey(spec sandbox.Spec) string {
+	spec.Argv, spec.Env, spec.Cwd, spec.Allowed = nil, nil, "", nil
+	b, _ := json.Marshal(spec)
+	return string(b)
+}
+
+func newWarmPool(max int) *warmPool {
+	return &warmPool{max: max, entries: map[*runs]*warmRun{}}
+}
+
+// take returns rs's prepared sandbox if it was built for key (waiting for
+// one being prepared), or nil. The caller owns what it gets.
+func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
+	p.mu.Lock()
+	w := p.entries[rs]
+	delete(p.entries, rs)
+	p.mu.Unlock()
+	if w == nil {
+		return nil
+	}
+	<-w.ready
+	p.mu.Lock()
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	p.mu.Unlock()
+	if w.err != nil {
+		return nil
+	}
+	if w.key != key {
+		p.discard(w)
+		return nil
+	}
+	return w.r
+}
+
+// refill prepares rs's next sandbox from spec in the background, unless rs
+// is closed or has one. It returns at once.
+func (p *warmPool) refill(rs *runs, spec sandbox.Spec) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.closed {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.max <= 0 || p.entries[rs] != nil {
+		return
+	}
+	if len(p.entries) >= p.max && !p.evictLocked() {
+		return
+	}
+	w := &warmRun{key: warmKey(spec), since: time.Now(), ready: make(chan struct{})}
+	p.entries[rs] = w
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		r, err := sandbox.Prepare(spec)
+		p.mu.Lock()
+		w.r, w.err = r, err
+		if err == nil && p.entries[rs] == w {
+			w.timer = time.AfterFunc(warmIdle, func() { p.expire(rs, w) })
+		}
+		// Whoever took it from the map meanwhile (a run, drop, close)
+		// waits for ready and disposes of it.
+		close(w.ready)
+		p.mu.Unlock()
+	}()
+}
+
+// evictLocked drops the oldest prepared sandbox to make room; it reports
+// false when every entry is still being built.
+func (p *warmPool) evictLocked() bool {
+	var oldest *runs
+	for rs, w := range p.entries {
+		select {
+		case <-w.ready:
+		default:
+			continue
+		}
+		if oldest == nil || w.since.Before(p.entries[oldest].since) {
+			oldest = rs
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	w := p.entries[oldest]
+	delete(p.entries, oldest)
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.discard(w) }()
+	return true
+}
+
+func (p *warmPool) expire(rs *runs, w *warmRun) {
+	p.mu.Lock()
+	mine := p.entries[rs] == w
+	if mine {
+		delete(p.entries, rs)
+	}
+	p.mu.Unlock()
+	if mine {
+		p.discard(w)
+	}
+}
+
+// drop kills rs's prepared sandbox, if any, and waits for it to end; the
+// caller has closed rs, so none comes after.
+func (p *warmPool) drop(rs *runs) {
+	p.mu.Lock()
+	w := p.entries[rs]
+	delete(p.entries, rs)
+	p.mu.Unlock()
+	if w == nil {
+		return
+	}
+	<-w.ready
+	p.discard(w)
+}
+
+// discard ends a prepared sandbox that will not be used.
+func (p *warmPool) discard(w *warmRun) {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if w.r != nil {
+		w.r.Kill()
+		w.r.Wait()
+	}
+}
+
+// size is how many sandboxes are prepared or being prepared.
+func (p *warmPool) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.entries)
+}
+
+// close drops every prepared sandbox and waits for those being built.
+func (p *warmPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	all := p.entries
+	p.entries = map[*runs]*warmRun{}
+	p.mu.Unlock()
+	for _, w := range all {
+		<-w.ready
+		p.discard(w)
+	}
+	p.wg.Wait()
+}

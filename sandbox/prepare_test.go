@@ -1,0 +1,78 @@
+package sandbox
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPrepared: a run built ahead (Prepare) starts its command later
+// (Begin) with the stdio, binaries and cwd given then, and nothing of the
+// init reaches it.
+func TestPrepared(t *testing.T) {
+	spec := testSpec(t, "")
+	r, err := Prepare(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // kept warm
+	in, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inW.WriteString("from stdin\n")
+	inW.Close()
+	out, errOut := newOutput(t), newOutput(t)
+	err = r.Begin(Command{
+		Argv:    []string{"/bin/sh", "-c", "cat; ls /proc/$$/fd; ls -A /tmp; ls /usr/bin; pwd; echo oops >&2; exit 7"},
+		Env:     []string{"PATH=/usr/bin:/bin"},
+		Cwd:     "/memories",
+		Allowed: []string{"/bin/sh", "/usr/bin/ls", "/usr/bin/cat"},
+	}, in, out.w, errOut.w)
+	in.Close()
+	out.w.Close()
+	errOut.w.Close()
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	ex := r.Wait()
+	<-out.done
+	<-errOut.done
+	if want := "from stdin\n0\n1\n2\ncat\nls\nsh\n/memories\n"; out.String() != want || ex.Code != 7 || errOut.String() != "oops\n" {
+		t.Errorf("got %q, %q, %+v; want %q, exit 7", out.String(), errOut.String(), ex, want)
+	}
+	if err := r.Begin(Command{Argv: []string{"/bin/sh"}}, nil, nil, nil); err == nil {
+		t.Error("a second Begin of one run was accepted")
+	}
+}
+
+// TestPreparedDropped: a prepared run killed before its command ends, and
+// one whose init died cannot begin.
+func TestPreparedDropped(t *testing.T) {
+	spec := testSpec(t, "")
+	r, err := Prepare(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := r.Pid()
+	r.Kill()
+	r.Wait()
+	if err := r.Begin(Command{Argv: []string{"/bin/sh", "-c", "true"}}, nil, nil, nil); err == nil {
+		t.Error("Begin of a killed run succeeded")
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+		t.Errorf("the init %d is still there", pid)
+	}
+	// A command the run may not be given is refused before anything starts.
+	r, err = Prepare(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { r.Kill(); r.Wait() }()
+	err = r.Begin(Command{Argv: []string{"/bin/sh"}, Allowed: []string{"/usr/bin/nc"}}, nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "not in binaries") {
+		t.Errorf("Begin with an allowed binary not in binaries: %v", err)
+	}
+}

@@ -693,7 +693,7 @@ func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessa
 			restore = []string{}
 		}
 		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
-			"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe()}, nil
+			"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.warm.status()}, nil
 	}
 	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, tools.callable, config.reload, status)", method)
 }

@@ -236,7 +236,10 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	}
 	// The sandbox built ahead for this session, or a new one.
 	r := d.warm.take(&s.runs, warmKey(spec))
-	if r == nil {
+	if r != nil {
+		d.warm.warmStarts.Add(1)
+	} else {
+		d.warm.coldStarts.Add(1)
 		var err error
 		if r, err = sandbox.Prepare(spec); err != nil {
 			return nil, runError("cannot build the sandbox: %v", err)

@@ -21,6 +21,7 @@ package daemon
 import (
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/condfs/condfs/sandbox"
@@ -35,6 +36,9 @@ type warmPool struct {
 	closed  bool
 	entries map[*runs]*warmRun
 	wg      sync.WaitGroup // preparations and discards in flight
+
+	// counted for status
+	warmStarts, coldStarts, discarded atomic.Int64
 }
 
 type warmRun struct {
@@ -77,11 +81,17 @@ func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
 	if w.err != nil {
 		return nil
 	}
-	if w.key != key {
+	if w.key != key || w.r.Ended() {
 		p.discard(w)
 		return nil
 	}
 	return w.r
+}
+
+// status is the pool as the status method shows it.
+func (p *warmPool) status() map[string]any {
+	return map[string]any{"prepared": p.size(), "max_prepared": p.max,
+		"warm_starts": p.warmStarts.Load(), "cold_starts": p.coldStarts.Load(), "discarded": p.discarded.Load()}
 }
 
 // refill prepares rs's next sandbox from spec in the background, unless rs
@@ -177,6 +187,7 @@ func (p *warmPool) discard(w *warmRun) {
 		w.timer.Stop()
 	}
 	if w.r != nil {
+		p.discarded.Add(1)
 		w.r.Kill()
 		w.r.Wait()
 	}

@@ -369,6 +369,16 @@ func (r *Run) Wait() Exit {
 	return r.result
 }
 
+// Ended reports whether the run is over (its init reaped).
+func (r *Run) Ended() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Pid is the init's process id in the daemon's PID namespace.
 func (r *Run) Pid() int { return r.cmd.Process.Pid }
 

@@ -5,7 +5,6 @@ import (
 
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -33,7 +32,7 @@ func Load(file string) (*Config, error) {
 	return Parse(file, data)
 }
 
-var blockNameRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+var blockNameRe = lazyRegexp(`^[A-Za-z0-9_-]+$`)
 
 // Parse compiles conditions.toml text. Unknown tables and keys, bad values
 // and malformed conditions are errors (a *LoadError) with line and column.
@@ -325,7 +324,7 @@ func (l *loader) blocks(c *Config, prim toml.Primitive) error {
 	for _, name := range names {
 		what := fmt.Sprintf("[blocks.%s]", name)
 		rp := rules[name]
-		if !blockNameRe.MatchString(name) {
+		if !blockNameRe().MatchString(name) {
 			return l.failAt(rp, "block name %q: use only letters, digits, '_' and '-'", name)
 		}
 		raw, err := l.rule(rp, toml.Key{"blocks", name}, what, "load")

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -128,7 +127,7 @@ func checkBinary(s string) error {
 	return nil
 }
 
-var sizeRe = regexp.MustCompile(`^([0-9]+)(B|KiB|MiB|GiB|TiB)?$`)
+var sizeRe = lazyRegexp(`^([0-9]+)(B|KiB|MiB|GiB|TiB)?$`)
 
 var sizeUnits = map[string]int64{"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -144,7 +143,7 @@ func parseSize(v any) (int64, error) {
 		}
 		return v, nil
 	case string:
-		m := sizeRe.FindStringSubmatch(v)
+		m := sizeRe().FindStringSubmatch(v)
 		if m == nil {
 			return 0, errors.New(want)
 		}

@@ -5,7 +5,6 @@ import (
 
 	"fmt"
 	"math/big"
-	"regexp"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -172,8 +171,8 @@ func keyList(m map[string]bool) string {
 // YAML 1.1 readers (Hexgate's included) read these plain scalars as
 // booleans, nulls or numbers; as names they must be quoted.
 var (
-	ambiguousWord = regexp.MustCompile(`^(?i:y|n|yes|no|on|off|true|false|null|~)$`)
-	ambiguousNum  = regexp.MustCompile(`^[-+]?(\.[0-9_]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|^[-+]?0[xX][0-9a-fA-F_]+$|^[-+]?0[oO]?[0-7_]+$|^[-+]?0[bB][01_]+$|^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$`)
+	ambiguousWord = lazyRegexp(`^(?i:y|n|yes|no|on|off|true|false|null|~)$`)
+	ambiguousNum  = lazyRegexp(`^[-+]?(\.[0-9_]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|^[-+]?0[xX][0-9a-fA-F_]+$|^[-+]?0[oO]?[0-7_]+$|^[-+]?0[bB][01_]+$|^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$`)
 )
 
 func (l *loader) name(k *yaml.Node, what string) (string, bool) {
@@ -182,7 +181,7 @@ func (l *loader) name(k *yaml.Node, what string) (string, bool) {
 		return "", false
 	}
 	plain := k.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) == 0
-	if plain && (k.Tag != "!!str" || ambiguousWord.MatchString(k.Value) || ambiguousNum.MatchString(k.Value)) {
+	if plain && (k.Tag != "!!str" || ambiguousWord().MatchString(k.Value) || ambiguousNum().MatchString(k.Value)) {
 		l.errAt(k, "%s name %s must be quoted (\"%s\"): YAML 1.1 readers take it for a bool, null or number", what, k.Value, k.Value)
 		return "", false
 	}
@@ -287,11 +286,11 @@ func (l *loader) load(data []byte) *Policy {
 	return l.build(fileConsts, fileConsOrd, fileDef, fileCons, roles, roleOrd)
 }
 
-var yamlLineRe = regexp.MustCompile(`line (\d+)(?:, column (\d+))?: (.*)`)
+var yamlLineRe = lazyRegexp(`line (\d+)(?:, column (\d+))?: (.*)`)
 
 func yamlErrPos(err error) (int, int, string) {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
+	if m := yamlLineRe().FindStringSubmatch(msg); m != nil {
 		line, col := 0, 1
 		fmt.Sscan(m[1], &line)
 		if m[2] != "" {
@@ -472,7 +471,7 @@ func (l *loader) consts(n *yaml.Node) (map[string]constDef, []string) {
 	return out, ord
 }
 
-var jsonNumRe = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
+var jsonNumRe = lazyRegexp(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
 
 // yamlValue converts a YAML node to an exact Value.
 func (l *loader) yamlValue(n *yaml.Node, depth int) (value.Value, bool) {
@@ -499,7 +498,7 @@ func (l *loader) yamlValue(n *yaml.Node, depth int) (value.Value, bool) {
 			return value.MakeBool(strings.EqualFold(n.Value, "true")), true
 		case "!!int", "!!float":
 			text := strings.TrimPrefix(strings.ReplaceAll(n.Value, "_", ""), "+")
-			if !jsonNumRe.MatchString(text) && n.Tag == "!!int" {
+			if !jsonNumRe().MatchString(text) && n.Tag == "!!int" {
 				var b big.Int
 				if _, ok := b.SetString(text, 0); ok {
 					text = b.String()

@@ -260,7 +260,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	s.switchMu.Unlock()
 	if !added {
 		r.Kill()
-		r.Wait()
+		r.Gone()
 		return nil, runError("session %q is closing", s.id)
 	}
 	if err != nil {
@@ -273,6 +273,9 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
 		defer s.runs.remove(a)
+		// The session's runs are over only when their namespaces are
+		// (session.close unmounts the view after).
+		defer r.Gone()
 		d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
 		exit := r.Wait()
 		a.mu.Lock()

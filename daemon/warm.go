@@ -189,7 +189,7 @@ func (p *warmPool) discard(w *warmRun) {
 	if w.r != nil {
 		p.discarded.Add(1)
 		w.r.Kill()
-		w.r.Wait()
+		w.r.Gone()
 	}
 }
 

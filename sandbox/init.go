@@ -134,8 +134,28 @@ func initMain() int {
 	}
 	go control(ch, al, pid)
 	code, sig := reap(pid)
+	// Whatever the command left running dies now, and is reaped, before
+	// the daemon hears of the exit: when condfs run returns, no process of
+	// the run is left. (The kernel would kill them when the init exits,
+	// but only after tearing down its namespaces, which takes longer.)
+	_ = unix.Kill(-1, unix.SIGKILL)
+	reapAll()
 	_ = ch.send(message{Op: opExit, Code: code, Signal: sig})
 	return code
+}
+
+// reapAll reaps every child until none is left.
+func reapAll() {
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return // ECHILD: none left
+		}
+	}
 }
 
 // takeCommand reads the run message: the command, and the three

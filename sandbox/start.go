@@ -45,6 +45,7 @@ type Run struct {
 	closed  bool // the channel is gone: no ack will come
 
 	started  chan message  // the init's answer to run: started or error
+	exited   chan struct{} // closed when the init reports the command's exit
 	readDone chan struct{} // closed when readLoop has read the channel to its end
 	done     chan struct{} // closed when the init is reaped and the run cleaned up
 	result   Exit
@@ -107,7 +108,7 @@ func Prepare(spec Spec) (*Run, error) {
 	initEnd.Close()
 
 	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, spec: spec, pending: map[uint64]chan string{},
-		started: make(chan message, 1), readDone: make(chan struct{}), done: make(chan struct{})}
+		started: make(chan message, 1), exited: make(chan struct{}), readDone: make(chan struct{}), done: make(chan struct{})}
 	fail := func(err error) (*Run, error) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
@@ -175,7 +176,7 @@ func (r *Run) Begin(c Command, stdin, stdout, stderr *os.File) error {
 	}
 	fail := func(err error) error {
 		r.Kill()
-		r.Wait()
+		r.Gone()
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	var fds []int
@@ -270,7 +271,10 @@ func (r *Run) readLoop() {
 				delete(r.pending, m.ID)
 			}
 		case opExit:
-			r.exit = &Exit{Code: m.Code, Signal: m.Signal}
+			if r.exit == nil {
+				r.exit = &Exit{Code: m.Code, Signal: m.Signal}
+				close(r.exited)
+			}
 		}
 		r.mu.Unlock()
 	}
@@ -361,13 +365,25 @@ func (r *Run) Kill() {
 	_ = r.cmd.Process.Kill()
 }
 
-// Wait waits for the run to end and says how.
+// Wait waits for the run to end and says how: for the command's exit once
+// every process of the run is gone (the init has killed and reaped what the
+// command left), or for the init's end. The init's own teardown may go on
+// after it: Gone waits for that.
 func (r *Run) Wait() Exit {
-	<-r.done
+	select {
+	case <-r.exited:
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return *r.exit
+	case <-r.done:
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.result
 }
+
+// Gone waits until the init is reaped and the run's cgroups are removed.
+func (r *Run) Gone() { <-r.done }
 
 // Ended reports whether the run is over (its init reaped).
 func (r *Run) Ended() bool {

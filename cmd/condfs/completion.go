@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -18,12 +17,12 @@ type compNode struct {
 }
 
 var (
-	flagLine = regexp.MustCompile(`(?m)^\s+(?:-[A-Za-z], )?(--[a-z0-9][a-z0-9-]*)`)
+	flagLine = lazyRegexp(`(?m)^\s+(?:-[A-Za-z], )?(--[a-z0-9][a-z0-9-]*)`)
 	// "condfs policy lint FILE", "condfs hook claude-code ...": a
 	// subcommand named in a usage line.
-	usageSub = regexp.MustCompile(`condfs ([a-z]+) ([a-z][a-z-]+)\b`)
+	usageSub = lazyRegexp(`condfs ([a-z]+) ([a-z][a-z-]+)\b`)
 	// ctl lists its subcommands under "Commands": "  open ID MOUNT ...".
-	listedSub = regexp.MustCompile(`(?m)^  ([a-z][a-z-]+)(?: |$)`)
+	listedSub = lazyRegexp(`(?m)^  ([a-z][a-z-]+)(?: |$)`)
 )
 
 // completionTree is read from the commands' own --help, so completion
@@ -36,7 +35,7 @@ func completionTree() []compNode {
 	}
 	flagsOf := func(text string) []string {
 		var out []string
-		for _, m := range flagLine.FindAllStringSubmatch(text, -1) {
+		for _, m := range flagLine().FindAllStringSubmatch(text, -1) {
 			if !slices.Contains(out, m[1]) {
 				out = append(out, m[1])
 			}
@@ -51,14 +50,14 @@ func completionTree() []compNode {
 		text := help(c.name)
 		n := compNode{name: c.name, flags: flagsOf(text)}
 		var subs []string
-		for _, m := range usageSub.FindAllStringSubmatch(text, -1) {
+		for _, m := range usageSub().FindAllStringSubmatch(text, -1) {
 			if m[1] == c.name && !slices.Contains(subs, m[2]) {
 				subs = append(subs, m[2])
 			}
 		}
 		if _, after, ok := strings.Cut(text, "\nCommands"); ok {
 			block, _, _ := strings.Cut(after, "\n\n")
-			for _, m := range listedSub.FindAllStringSubmatch(block, -1) {
+			for _, m := range listedSub().FindAllStringSubmatch(block, -1) {
 				if !slices.Contains(subs, m[1]) {
 					subs = append(subs, m[1])
 				}

@@ -138,15 +138,17 @@ func initMain() int {
 	// the daemon hears of the exit: when condfs run returns, no process of
 	// the run is left. (The kernel would kill them when the init exits,
 	// but only after tearing down its namespaces, which takes longer.)
-	_ = unix.Kill(-1, unix.SIGKILL)
 	reapAll()
 	_ = ch.send(message{Op: opExit, Code: code, Signal: sig})
 	return code
 }
 
-// reapAll reaps every child until none is left.
+// reapAll kills every other process of the namespace and reaps them until
+// none is left; the kill is repeated before each wait, so none that a
+// dying process was forking at the time is missed.
 func reapAll() {
 	for {
+		_ = unix.Kill(-1, unix.SIGKILL)
 		var ws unix.WaitStatus
 		_, err := unix.Wait4(-1, &ws, 0, nil)
 		if errors.Is(err, unix.EINTR) {

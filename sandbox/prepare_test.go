@@ -76,3 +76,16 @@ func TestPreparedDropped(t *testing.T) {
 		t.Errorf("Begin with an allowed binary not in binaries: %v", err)
 	}
 }
+
+// TestNothingOutlivesExit: when Wait returns for the command's exit, what
+// it left running in the background is gone: it never writes after.
+func TestNothingOutlivesExit(t *testing.T) {
+	spec := testSpec(t, "(sleep 0.3; echo late > /workspace/late) & exit 0")
+	if _, _, ex := run(t, spec); ex.Code != 0 {
+		t.Fatalf("exit %+v", ex)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if _, err := os.Stat(spec.Workspace + "/late"); err == nil {
+		t.Error("a background process of the run wrote after Wait returned")
+	}
+}

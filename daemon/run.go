@@ -52,6 +52,8 @@ type runs struct {
 	set    map[*activeRun]struct{}
 	closed bool
 	wg     sync.WaitGroup
+	// lastRun is when its last run began (warm.go)
+	lastRun time.Time
 }
 
 func (rs *runs) add(a *activeRun) bool {

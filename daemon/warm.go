@@ -95,11 +95,17 @@ func (p *warmPool) status() map[string]any {
 }
 
 // refill prepares rs's next sandbox from spec in the background, unless rs
-// is closed or has one. It returns at once.
+// is closed or has one, or this is its first run in warmIdle: a session
+// that runs one command now and then would only churn the pool (on a node
+// of many sessions, each build would evict another's unused). It returns
+// at once.
 func (p *warmPool) refill(rs *runs, spec sandbox.Spec) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if rs.closed {
+	now := time.Now()
+	recent := !rs.lastRun.IsZero() && now.Sub(rs.lastRun) < warmIdle
+	rs.lastRun = now
+	if rs.closed || !recent {
 		return
 	}
 	p.mu.Lock()

@@ -44,6 +44,14 @@ func (d *daemon) waitPrepared(t *testing.T) {
 // and closing the session ends the sandbox waiting for a run.
 func TestRunWarm(t *testing.T) {
 	d, _ := runHome(t)
+	// A session's first run builds nothing ahead; its second does.
+	if _, code := condfsRun(t, d, "", "--", "sh", "-c", "true"); code != 0 {
+		t.Fatalf("first run: exit %d", code)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if st := d.runsStatus(); st.Prepared != 0 {
+		t.Errorf("a sandbox was built ahead after a session's first run: %+v", st)
+	}
 	out, code := condfsRun(t, d, "", "--", "sh", "-c", "echo mark > /tmp/mark; ls /usr/bin; ls /memories")
 	if code != 0 || !strings.Contains(out, "cat") || !strings.Contains(out, "private") {
 		t.Fatalf("DM run: exit %d %q", code, out)

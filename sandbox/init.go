@@ -90,11 +90,6 @@ func initMain() int {
 	if err != nil {
 		return fail(err)
 	}
-	if is.Rlimits {
-		if err := setNproc(is.Spec); err != nil {
-			return fail(step("rlimits", err))
-		}
-	}
 	// The thread that will fork the command is confined now, while the
 	// sandbox waits: a prepared run's command only has to be forked.
 	if err := closeOnExecAll(); err != nil {
@@ -117,6 +112,14 @@ func initMain() int {
 	}
 	if err := al.set(spec.Allowed); err != nil {
 		return fail(step("binaries", err))
+	}
+	// RLIMIT_NPROC binds the init too, and the Go runtime must still be
+	// able to make the threads it needs while the run is built and
+	// waits: set only now, as the command starts.
+	if is.Rlimits {
+		if err := setNproc(is.Spec); err != nil {
+			return fail(step("rlimits", err))
+		}
 	}
 	pid, err := startCommand(fk, spec)
 	if err != nil {

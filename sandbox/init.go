@@ -113,19 +113,18 @@ func initMain() int {
 	if err := al.set(spec.Allowed); err != nil {
 		return fail(step("binaries", err))
 	}
-	// RLIMIT_NPROC binds the init too, and the Go runtime must still be
-	// able to make the threads it needs while the run is built and
-	// waits: set only now, as the command starts.
-	if is.Rlimits {
-		if err := setNproc(is.Spec); err != nil {
-			return fail(step("rlimits", err))
-		}
-	}
 	pid, err := startCommand(fk, spec)
 	if err != nil {
 		return fail(err)
 	}
 	if is.Rlimits {
+		// RLIMIT_NPROC goes on the command only: set on the init, it
+		// kept the init's Go runtime from making the threads it needs
+		// once a fork bomb reached it, and the init died.
+		if err := setNproc(pid, spec); err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL)
+			return fail(step("rlimits", err))
+		}
 		if err := setAS(pid, spec); err != nil {
 			_ = unix.Kill(pid, unix.SIGKILL)
 			return fail(step("rlimits", err))
@@ -360,15 +359,16 @@ func closeOnExecAll() error {
 	return nil
 }
 
-// setNproc bounds the command's processes where no cgroup holds the run.
-// RLIMIT_NPROC counts every process of the uid, and it is the init's own
-// limit too, which binds the init only when it forks (once).
-func setNproc(spec Spec) error {
+// setNproc bounds the command's processes where no cgroup holds the run,
+// once it is forked (its first instants are not bounded, as for setAS).
+// RLIMIT_NPROC counts every process of the uid (in the run's user
+// namespace on that path, the init's threads included).
+func setNproc(pid int, spec Spec) error {
 	if spec.Pids == 0 {
 		return nil
 	}
 	l := &unix.Rlimit{Cur: uint64(spec.Pids), Max: uint64(spec.Pids)}
-	if err := unix.Setrlimit(unix.RLIMIT_NPROC, l); err != nil {
+	if err := unix.Prlimit(pid, unix.RLIMIT_NPROC, l, nil); err != nil {
 		return fmt.Errorf("RLIMIT_NPROC: %w", err)
 	}
 	return nil

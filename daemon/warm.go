@@ -72,12 +72,7 @@ func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
 	if w == nil {
 		return nil
 	}
-	<-w.ready
-	p.mu.Lock()
-	if w.timer != nil {
-		w.timer.Stop()
-	}
-	p.mu.Unlock()
+	<-w.ready // its expiry timer is set only while it is in the map
 	if w.err != nil {
 		return nil
 	}

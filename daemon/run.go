@@ -131,6 +131,9 @@ type runParams struct {
 	TimeoutMS int64    `json:"timeout_ms"`
 	Lang      string   `json:"lang"`
 	Term      string   `json:"term"`
+	TTY       bool     `json:"tty"`
+	Rows      uint16   `json:"rows"`
+	Cols      uint16   `json:"cols"`
 }
 
 // runError: 125 unless a code says otherwise.
@@ -256,7 +259,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	var err error
 	if added {
 		err = r.Begin(sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd,
-			Allowed: allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries())},
+			Allowed: allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries()),
+			TTY:     p.TTY, Rows: p.Rows, Cols: p.Cols},
 			files[0], files[1], files[2])
 	}
 	s.switchMu.Unlock()
@@ -296,7 +300,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	}), nil
 }
 
-// serveRun relays the client's signals until the command ends, and ends
+// serveRun relays the client's signals (and its terminal's size) until
+// the command ends, and ends
 // the run when the client goes or the timeout passes.
 func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duration) {
 	done := make(chan struct{})
@@ -315,15 +320,24 @@ func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duratio
 			var m struct {
 				Method string `json:"method"`
 				Params struct {
-					Signal int `json:"signal"`
+					Signal int    `json:"signal"`
+					Rows   uint16 `json:"rows"`
+					Cols   uint16 `json:"cols"`
 				} `json:"params"`
 			}
-			if json.Unmarshal(line, &m) != nil || m.Method != "run.signal" {
+			if json.Unmarshal(line, &m) != nil {
 				continue
 			}
-			switch sig := syscall.Signal(m.Params.Signal); sig {
-			case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
-				a.r.Signal(sig)
+			switch m.Method {
+			case "run.signal":
+				switch sig := syscall.Signal(m.Params.Signal); sig {
+				case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
+					a.r.Signal(sig)
+				}
+			case "run.resize":
+				if m.Params.Rows > 0 && m.Params.Cols > 0 {
+					a.r.Resize(m.Params.Rows, m.Params.Cols)
+				}
 			}
 		}
 	}()

@@ -37,7 +37,13 @@ roles:
 // daemon that admits 65534 to its socket.
 func runHome(t *testing.T) (*daemon, string) {
 	t.Helper()
-	h := openHome(t, runRules)
+	return runHomeWith(t, runRules)
+}
+
+// runHomeWith is runHome with other rules.
+func runHomeWith(t *testing.T, rules string) (*daemon, string) {
+	t.Helper()
+	h := openHome(t, rules)
 	h.t = t
 	h.write("config/policy.yaml", runPolicy)
 	h.write("memories/private/p.md", "dm secret\n")
@@ -254,6 +260,12 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	}
 	if out, code := run("id", "-u"); code != 0 || strings.TrimSpace(out) != "65534" {
 		t.Fatalf("id: exit %d %q", code, out)
+	}
+	// --tty: a terminal of the run's own devpts on this path too.
+	tty := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--tty", "--",
+		"sh", "-c", "[ -t 0 ] && [ -t 1 ] && ls -1 /dev/pts")
+	if out, _ := tty.CombinedOutput(); tty.ProcessState.ExitCode() != 0 || string(out) != "0\r\nptmx\r\n" {
+		t.Fatalf("--tty: exit %d %q", tty.ProcessState.ExitCode(), out)
 	}
 	setpriv := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "ctl", "--socket", sock, "context", "default", `{"kind":"discord","guild_id":"1","channel_id":"2"}`)
 	if out, err := setpriv.CombinedOutput(); err != nil {

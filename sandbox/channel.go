@@ -16,7 +16,7 @@ import (
 //
 // daemon -> init: spec (once, first), run (once, after ready, with the
 // command's stdin, stdout and stderr attached as SCM_RIGHTS), allow,
-// signal.
+// signal, resize (of the command's terminal).
 // init -> daemon: ready or error (answering spec: the root is built and the
 // init waits for its command), started or error (answering run), ack
 // (answering allow, same id), exit (the command's status, just before the
@@ -32,6 +32,8 @@ type message struct {
 	Err    string    `json:"err,omitempty"`
 	Code   int       `json:"code,omitempty"`
 	Signal int       `json:"signal,omitempty"`
+	Rows   uint16    `json:"rows,omitempty"`
+	Cols   uint16    `json:"cols,omitempty"`
 }
 
 const (
@@ -39,6 +41,7 @@ const (
 	opRun     = "run"
 	opAllow   = "allow"
 	opSignal  = "signal"
+	opResize  = "resize"
 	opReady   = "ready"
 	opStarted = "started"
 	opError   = "error"

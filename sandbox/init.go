@@ -106,16 +106,27 @@ func initMain() int {
 	if m, err = ch.recv(); err != nil {
 		return exitInitFailed // the daemon dropped the run before its command
 	}
-	spec, err := takeCommand(ch, m, is.Spec)
+	spec, c, err := takeCommand(ch, m, is.Spec)
 	if err != nil {
 		return fail(err)
 	}
 	if err := al.set(spec.Allowed); err != nil {
 		return fail(step("binaries", err))
 	}
-	pid, err := startCommand(fk, spec)
+	var pt *pty
+	stdio := []uintptr{0, 1, 2}
+	if c.TTY {
+		if pt, err = openPTY(spec, c.Rows, c.Cols); err != nil {
+			return fail(step("tty", err))
+		}
+		stdio = []uintptr{uintptr(pt.slave), uintptr(pt.slave), uintptr(pt.slave)}
+	}
+	pid, err := startCommand(fk, spec, stdio)
 	if err != nil {
 		return fail(err)
+	}
+	if pt != nil {
+		pt.relay()
 	}
 	if is.Rlimits {
 		// RLIMIT_NPROC goes on the command only: set on the init, it
@@ -134,13 +145,16 @@ func initMain() int {
 		_ = unix.Kill(pid, unix.SIGKILL)
 		return exitInitFailed
 	}
-	go control(ch, al, pid)
+	go control(ch, al, pid, pt)
 	code, sig := reap(pid)
 	// Whatever the command left running dies now, and is reaped, before
 	// the daemon hears of the exit: when condfs run returns, no process of
 	// the run is left. (The kernel would kill them when the init exits,
 	// but only after tearing down its namespaces, which takes longer.)
 	reapAll()
+	if pt != nil {
+		pt.drain()
+	}
 	_ = ch.send(message{Op: opExit, Code: code, Signal: sig})
 	return code
 }
@@ -165,7 +179,7 @@ func reapAll() {
 // takeCommand reads the run message: the command, and the three
 // descriptors it carried, which become the init's (and so the command's)
 // 0, 1 and 2.
-func takeCommand(ch *channel, m message, spec Spec) (Spec, error) {
+func takeCommand(ch *channel, m message, spec Spec) (Spec, Command, error) {
 	fds := ch.takeFiles()
 	defer func() {
 		for _, fd := range fds {
@@ -173,27 +187,27 @@ func takeCommand(ch *channel, m message, spec Spec) (Spec, error) {
 		}
 	}()
 	if m.Op != opRun || m.Cmd == nil {
-		return spec, step("read command", fmt.Errorf("unexpected %q", m.Op))
+		return spec, Command{}, step("read command", fmt.Errorf("unexpected %q", m.Op))
 	}
 	if len(fds) != 3 {
-		return spec, step("read command", fmt.Errorf("%d descriptors passed, want stdin, stdout and stderr", len(fds)))
+		return spec, Command{}, step("read command", fmt.Errorf("%d descriptors passed, want stdin, stdout and stderr", len(fds)))
 	}
 	c := *m.Cmd
 	if err := c.validate(spec.Binaries); err != nil {
-		return spec, step("read command", err)
+		return spec, c, step("read command", err)
 	}
 	for i, fd := range fds {
 		if err := unix.Dup3(fd, i, 0); err != nil {
-			return spec, step("stdio", err)
+			return spec, c, step("stdio", err)
 		}
 	}
 	spec.Argv, spec.Env, spec.Cwd, spec.Allowed = c.Argv, c.Env, c.Cwd, c.Allowed
-	return spec, nil
+	return spec, c, nil
 }
 
 // control applies the daemon's requests until the channel closes. A daemon
 // that is gone can no longer revoke binaries: the run ends.
-func control(ch *channel, al *allowState, pid int) {
+func control(ch *channel, al *allowState, pid int, pt *pty) {
 	for {
 		m, err := ch.recv()
 		if err != nil {
@@ -216,6 +230,10 @@ func control(ch *channel, al *allowState, pid int) {
 		case opSignal:
 			if m.Sig > 0 && m.Sig < 65 {
 				_ = unix.Kill(pid, unix.Signal(m.Sig))
+			}
+		case opResize:
+			if pt != nil {
+				_ = pt.resize(m.Rows, m.Cols)
 			}
 		}
 	}
@@ -285,8 +303,9 @@ func newForker(spec Spec) (*forker, error) {
 	return fk, nil
 }
 
-// startCommand looks the command up as its owner and forks it on fk.
-func startCommand(fk *forker, spec Spec) (int, error) {
+// startCommand looks the command up as its owner and forks it on fk,
+// with stdio as its 0, 1 and 2 (with a terminal, its controlling one).
+func startCommand(fk *forker, spec Spec, stdio []uintptr) (int, error) {
 	// Looked up as the owner: the view admits its owner, not root.
 	var path string
 	if err := asOwner(spec, func() error {
@@ -304,8 +323,11 @@ func startCommand(fk *forker, spec Spec) (int, error) {
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Cwd,
 		Env:   spec.Env,
-		Files: []uintptr{0, 1, 2},
+		Files: stdio,
 		Sys:   &syscall.SysProcAttr{Setsid: true},
+	}
+	if stdio[0] != 0 {
+		attr.Sys.Setctty, attr.Sys.Ctty = true, 0 // Ctty is the child's fd
 	}
 	if !spec.UserNS {
 		attr.Sys.Credential = &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: spec.Groups}

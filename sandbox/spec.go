@@ -68,6 +68,11 @@ type Command struct {
 	Env     []string
 	Cwd     string   // inside the sandbox, under /workspace or /memories; default /workspace
 	Allowed []string // those of Spec.Binaries allowed at start in the session's context
+	// TTY gives the command a new terminal of the run's own devpts as its
+	// stdio and controlling terminal, Rows x Cols (0: the kernel's
+	// default); the init relays it to and from the stdio passed to Begin.
+	TTY        bool
+	Rows, Cols uint16
 }
 
 // command is the Command part of a Spec (what Start begins).

@@ -350,6 +350,15 @@ func (r *Run) Signal(sig syscall.Signal) error {
 	return nil
 }
 
+// Resize sets the size of the command's terminal (a Command with TTY;
+// ignored otherwise).
+func (r *Run) Resize(rows, cols uint16) error {
+	if err := r.ch.send(message{Op: opResize, Rows: rows, Cols: cols}); err != nil {
+		return fmt.Errorf("sandbox: resize: %w", err)
+	}
+	return nil
+}
+
 // Kill ends the run: SIGKILL to the init ends its PID namespace, so every
 // process of the run dies.
 func (r *Run) Kill() {

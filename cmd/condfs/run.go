@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,12 +27,14 @@ const (
 	exitRunNotFound = 127
 )
 
-const runUsage = `Usage: condfs run [--socket PATH] --session ID [--role R]... [--cwd DIR] [--env NAME=VALUE]... [--timeout DURATION] -- COMMAND [ARG]...
+const runUsage = `Usage: condfs run [--socket PATH] --session ID [--role R]... [--cwd DIR] [--env NAME=VALUE]... [--timeout DURATION] [--tty] -- COMMAND [ARG]...
 
 Runs COMMAND in a sandbox whose only memories/ and workspace/ are the session's
 live view, which may execute only the binaries the session's context allows
 ([sandbox] and [exec."..."] in conditions.toml). Stdio is passed through and
 SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on; nothing outlives the run.
+With --tty the command gets a terminal of its own, relayed to and from this
+one (put in raw mode while it runs, its size followed).
 Exit status: the command's (128+N for signal N), 124 timeout, 125 condfs could
 not run it, 126 denied or not executable, 127 not found.
 
@@ -48,7 +51,7 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	cwd := fs.String("cwd", "/workspace", "working directory inside the sandbox, under /workspace or /memories")
 	env := fs.StringArray("env", nil, "NAME=VALUE added to the command's environment (repeatable)")
 	timeout := fs.Duration("timeout", 0, "kill every process of the run after this long (exit 124); 0: none")
-	tty := fs.Bool("tty", false, "give the command a terminal of its own (not yet supported: refused)")
+	tty := fs.Bool("tty", false, "give the command a terminal of its own, relayed to and from stdin and stdout")
 	fail := func(format string, a ...any) error {
 		fmt.Fprintf(stderr, "condfs run: "+format+"\n", a...)
 		return exitError{exitRunFailed}
@@ -65,8 +68,6 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 		return fail("--session is required")
 	case len(argv) == 0:
 		return fail("no command: condfs run --session ID -- COMMAND [ARG]...")
-	case *tty:
-		return fail("--tty is not supported yet")
 	case *timeout < 0:
 		return fail("--timeout must not be negative")
 	}
@@ -81,13 +82,36 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	}
 	c := conn.(*net.UnixConn)
 	defer c.Close()
-	req, _ := json.Marshal(map[string]any{
-		"jsonrpc": "2.0", "id": 1, "method": "run",
-		"params": map[string]any{
-			"session": *session, "roles": *roles, "argv": argv, "cwd": *cwd, "env": *env,
-			"timeout_ms": timeout.Milliseconds(), "lang": os.Getenv("LANG"), "term": os.Getenv("TERM"),
-		},
-	})
+	params := map[string]any{
+		"session": *session, "roles": *roles, "argv": argv, "cwd": *cwd, "env": *env,
+		"timeout_ms": timeout.Milliseconds(), "lang": os.Getenv("LANG"), "term": os.Getenv("TERM"),
+	}
+	restore := func() {}
+	if *tty {
+		params["tty"] = true
+		// Our terminal, when stdin is one, passes every key on (the
+		// command's terminal does the line editing and the signals) and
+		// is given back as it was however the run ends.
+		if t, err := unix.IoctlGetTermios(0, unix.TCGETS); err == nil {
+			if ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ); err == nil {
+				params["rows"], params["cols"] = ws.Row, ws.Col
+			}
+			raw := *t
+			raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+			raw.Oflag &^= unix.OPOST
+			raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+			raw.Cflag &^= unix.CSIZE | unix.PARENB
+			raw.Cflag |= unix.CS8
+			raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+			if err := unix.IoctlSetTermios(0, unix.TCSETS, &raw); err != nil {
+				return fail("put the terminal in raw mode: %v", err)
+			}
+			var once sync.Once
+			restore = func() { once.Do(func() { unix.IoctlSetTermios(0, unix.TCSETS, t) }) }
+			defer restore()
+		}
+	}
+	req, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "run", "params": params})
 	// Our stdio goes with the request: the command reads and writes it
 	// directly, with nothing relayed.
 	if _, _, err := c.WriteMsgUnix(append(req, '\n'), unix.UnixRights(0, 1, 2), nil); err != nil {
@@ -95,14 +119,28 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	if _, ok := params["rows"]; ok {
+		signal.Notify(sigs, syscall.SIGWINCH)
+	}
 	defer signal.Stop(sigs)
 	go func() {
 		for s := range sigs {
-			line, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "run.signal", "params": map[string]any{"signal": int(s.(syscall.Signal))}})
+			var m map[string]any
+			if s == syscall.SIGWINCH {
+				ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ)
+				if err != nil {
+					continue
+				}
+				m = map[string]any{"jsonrpc": "2.0", "method": "run.resize", "params": map[string]any{"rows": ws.Row, "cols": ws.Col}}
+			} else {
+				m = map[string]any{"jsonrpc": "2.0", "method": "run.signal", "params": map[string]any{"signal": int(s.(syscall.Signal))}}
+			}
+			line, _ := json.Marshal(m)
 			c.Write(append(line, '\n'))
 		}
 	}()
 	line, err := bufio.NewReader(c).ReadBytes('\n')
+	restore()
 	if err != nil {
 		return fail("the daemon closed the connection before the command ended: %v", err)
 	}

@@ -1,8 +1,14 @@
 // Package metrics exposes a running daemon's activity in the Prometheus
-// text format (client_golang). Every label value comes from a fixed set:
-// never a path, a session id or an argument value, which would make the
-// series unbounded. A nil *Metrics records nothing, so callers need no
-// checks when metrics are off.
+// text exposition format (version 0.0.4). Every label value comes from a
+// fixed set: never a path, a session id or an argument value, which would
+// make the series unbounded. A nil *Metrics records nothing, so callers
+// need no checks when metrics are off.
+//
+// The exposition is written here rather than with client_golang: every
+// condfs process links this package (each `condfs run` client and each
+// sandbox init among them), and the client library's package
+// initialisation cost about a millisecond of every such start
+// (docs/performance.md), for a handful of counters and histograms.
 package metrics
 
 import (
@@ -16,22 +22,26 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Metrics holds the daemon's collectors, in their own registry.
+// Metrics holds the daemon's series.
 type Metrics struct {
-	reg        *prometheus.Registry
-	decisions  *prometheus.CounterVec
-	denials    *prometheus.CounterVec
-	switches   prometheus.Histogram
-	reloads    *prometheus.CounterVec
-	fuseOps    *prometheus.HistogramVec
-	conns      prometheus.Counter
-	sockErrors *prometheus.CounterVec
+	decisions  *counterVec
+	denials    *counterVec
+	switches   *histogramVec
+	reloads    *counterVec
+	fuseOps    *histogramVec
+	conns      *counterVec
+	sockErrors *counterVec
+	sessions   func() int
+	panics     func() map[string]int64
+	configs    []configGauge
+	started    time.Time
+}
+
+type configGauge struct {
+	file   string
+	status ConfigStatus
 }
 
 // Fixed label sets: anything else is counted as "other".
@@ -41,6 +51,7 @@ var (
 	pathOps        = set("lookup", "mutate", "create", "exchange", "io", "open of a special file")
 	fileValues     = set("conditions", "policy")
 	outcomeValues  = set("ok", "error", "unchanged")
+	whereValues    = set("control", "fuse")
 	errorCodes     = set("-32700", "-32600", "-32601", "-32602", "-32603", "-32001", "-32002", "-32003", "-32004",
 		"-32010", "-32011", "-32012", "-32013")
 )
@@ -60,44 +71,25 @@ func bounded(v string, allowed map[string]bool) string {
 	return "other"
 }
 
-// New builds the collectors. sessions and panics are read at each scrape.
+// New builds the series. sessions and panics are read at each scrape.
 func New(sessions func() int, panics func() map[string]int64) *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
-	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "condfs_tool_decisions_total", Help: "Tool calls decided, by decision and by the policy role that decided (\"none\" for a deny, \"unknown\" for a role the policy does not name).",
-	}, []string{"decision", "role"})
-	m.denials = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "condfs_path_denials_total", Help: "Path requests the rules denied, by space and operation.",
-	}, []string{"space", "op"})
-	m.switches = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "condfs_context_switch_seconds", Help: "context.set latency: until the view enforces the new context.",
-		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14),
-	})
-	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "condfs_config_reloads_total", Help: "Config reloads, by file and outcome (ok, error: the last good config stays, unchanged).",
-	}, []string{"file", "outcome"})
-	m.fuseOps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "condfs_fuse_op_seconds", Help: "FUSE requests served, by opcode, with their latency in the daemon.",
-		Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 12),
-	}, []string{"op"})
-	m.conns = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "condfs_socket_connections_total", Help: "Control socket connections accepted.",
-	})
-	m.sockErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "condfs_socket_errors_total", Help: "Control socket error answers, by JSON-RPC code.",
-	}, []string{"code"})
-	m.reg.MustRegister(m.decisions, m.denials, m.switches, m.reloads, m.fuseOps, m.conns, m.sockErrors,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "condfs_sessions_open", Help: "Sessions open now.",
-	}, func() float64 { return float64(sessions()) }))
-	panicDesc := prometheus.NewDesc("condfs_panics_recovered_total", "Requests that panicked and failed closed, by where (control, fuse).", []string{"where"}, nil)
-	m.reg.MustRegister(funcCollector{desc: panicDesc, collect: func(ch chan<- prometheus.Metric) {
-		for where, n := range panics() {
-			ch <- prometheus.MustNewConstMetric(panicDesc, prometheus.CounterValue, float64(n), bounded(where, set("control", "fuse")))
-		}
-	}})
-	return m
+	return &Metrics{
+		decisions: newCounterVec("condfs_tool_decisions_total",
+			"Tool calls decided, by decision and by the policy role that decided (\"none\" for a deny, \"unknown\" for a role the policy does not name).",
+			"decision", "role"),
+		denials: newCounterVec("condfs_path_denials_total", "Path requests the rules denied, by space and operation.", "space", "op"),
+		switches: newHistogramVec("condfs_context_switch_seconds", "context.set latency: until the view enforces the new context.",
+			exponentialBuckets(50e-6, 2, 14)),
+		reloads: newCounterVec("condfs_config_reloads_total",
+			"Config reloads, by file and outcome (ok, error: the last good config stays, unchanged).", "file", "outcome"),
+		fuseOps: newHistogramVec("condfs_fuse_op_seconds", "FUSE requests served, by opcode, with their latency in the daemon.",
+			exponentialBuckets(5e-6, 2.5, 12), "op"),
+		conns:      newCounterVec("condfs_socket_connections_total", "Control socket connections accepted."),
+		sockErrors: newCounterVec("condfs_socket_errors_total", "Control socket error answers, by JSON-RPC code.", "code"),
+		sessions:   sessions,
+		panics:     panics,
+		started:    time.Now(),
+	}
 }
 
 // ConfigStatus reports a config file's generation and last good load for
@@ -105,27 +97,13 @@ func New(sessions func() int, panics func() map[string]int64) *Metrics {
 type ConfigStatus func() (generation uint64, loadedAt time.Time)
 
 // RegisterConfig adds the generation and last-good-load gauges of file
-// ("conditions" or "policy").
+// ("conditions" or "policy"). It is called before Serve.
 func (m *Metrics) RegisterConfig(file string, status ConfigStatus) {
 	if m == nil {
 		return
 	}
-	file = bounded(file, fileValues)
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "condfs_config_generation", Help: "Successful loads of the config file, the load at start being 1.", ConstLabels: prometheus.Labels{"file": file},
-	}, func() float64 { g, _ := status(); return float64(g) }))
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "condfs_config_last_good_load_timestamp_seconds", Help: "When the config file last loaded successfully (Unix time).", ConstLabels: prometheus.Labels{"file": file},
-	}, func() float64 { _, t := status(); return float64(t.UnixNano()) / 1e9 }))
+	m.configs = append(m.configs, configGauge{bounded(file, fileValues), status})
 }
-
-type funcCollector struct {
-	desc    *prometheus.Desc
-	collect func(chan<- prometheus.Metric)
-}
-
-func (c funcCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-func (c funcCollector) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
 
 // Decision counts a tool decision; role is the deciding role already
 // mapped to a name the policy defines, "none" or "unknown".
@@ -133,7 +111,7 @@ func (m *Metrics) Decision(decision, role string) {
 	if m == nil {
 		return
 	}
-	m.decisions.WithLabelValues(bounded(decision, decisionValues), role).Inc()
+	m.decisions.inc(bounded(decision, decisionValues), role)
 }
 
 // PathDenial counts a denial of a path request.
@@ -141,7 +119,7 @@ func (m *Metrics) PathDenial(space, op string) {
 	if m == nil {
 		return
 	}
-	m.denials.WithLabelValues(bounded(space, spaceValues), bounded(op, pathOps)).Inc()
+	m.denials.inc(bounded(space, spaceValues), bounded(op, pathOps))
 }
 
 // ContextSwitch records a context.set that took d.
@@ -149,7 +127,7 @@ func (m *Metrics) ContextSwitch(d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.switches.Observe(d.Seconds())
+	m.switches.observe(d.Seconds())
 }
 
 // Reload counts a reload of file with its outcome.
@@ -157,7 +135,7 @@ func (m *Metrics) Reload(file, outcome string) {
 	if m == nil {
 		return
 	}
-	m.reloads.WithLabelValues(bounded(file, fileValues), bounded(outcome, outcomeValues)).Inc()
+	m.reloads.inc(bounded(file, fileValues), bounded(outcome, outcomeValues))
 }
 
 // FUSEOp records a FUSE request of opcode op (go-fuse's RawFileSystem
@@ -166,7 +144,7 @@ func (m *Metrics) FUSEOp(op string, start time.Time) {
 	if m == nil {
 		return
 	}
-	m.fuseOps.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	m.fuseOps.observe(time.Since(start).Seconds(), op)
 }
 
 // Conn counts an accepted socket connection.
@@ -174,7 +152,7 @@ func (m *Metrics) Conn() {
 	if m == nil {
 		return
 	}
-	m.conns.Inc()
+	m.conns.inc()
 }
 
 // SocketError counts an error answer.
@@ -182,7 +160,43 @@ func (m *Metrics) SocketError(code int) {
 	if m == nil {
 		return
 	}
-	m.sockErrors.WithLabelValues(bounded(strconv.Itoa(code), errorCodes)).Inc()
+	m.sockErrors.inc(bounded(strconv.Itoa(code), errorCodes))
+}
+
+// WriteTo writes the exposition of every series.
+func (m *Metrics) WriteTo(w *strings.Builder) {
+	m.decisions.write(w)
+	m.denials.write(w)
+	m.switches.write(w)
+	m.reloads.write(w)
+	m.fuseOps.write(w)
+	m.conns.write(w)
+	m.sockErrors.write(w)
+	gauge(w, "condfs_sessions_open", "Sessions open now.", nil, float64(m.sessions()))
+	panics := m.panics()
+	if len(panics) > 0 {
+		header(w, "condfs_panics_recovered_total", "Requests that panicked and failed closed, by where (control, fuse).", "counter")
+		counts := map[string]int64{}
+		for where, n := range panics {
+			counts[bounded(where, whereValues)] += n
+		}
+		for _, where := range sortedKeys(counts) {
+			sample(w, "condfs_panics_recovered_total", []string{"where", where}, float64(counts[where]))
+		}
+	}
+	if len(m.configs) > 0 {
+		header(w, "condfs_config_generation", "Successful loads of the config file, the load at start being 1.", "gauge")
+		for _, c := range m.configs {
+			g, _ := c.status()
+			sample(w, "condfs_config_generation", []string{"file", c.file}, float64(g))
+		}
+		header(w, "condfs_config_last_good_load_timestamp_seconds", "When the config file last loaded successfully (Unix time).", "gauge")
+		for _, c := range m.configs {
+			_, t := c.status()
+			sample(w, "condfs_config_last_good_load_timestamp_seconds", []string{"file", c.file}, float64(t.UnixNano())/1e9)
+		}
+	}
+	writeRuntime(w, m.started)
 }
 
 // Serve serves /metrics on addr until ctx ends: a Unix socket path
@@ -211,8 +225,13 @@ func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) (sto
 		return nil, fmt.Errorf("--metrics %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		var b strings.Builder
+		m.WriteTo(&b)
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write([]byte(b.String()))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -42,10 +42,10 @@
 // syscall of a foreign ABI: an arch other than AUDIT_ARCH_X86_64 (i386
 // through int $0x80) and x32 syscall numbers (bit 0x40000000). ENOSYS is the
 // answer of a kernel built without that ABI, so a program sees an ABI that
-// does not exist rather than one it may retry. go-seccomp-bpf sends a
-// foreign arch to the policy's default action (here: allow), so this
-// package puts its own arch check, and the ioctl check, before the
-// library's program.
+// does not exist rather than one it may retry. The filter is assembled here
+// (x/net/bpf) from the kernel's numbers in x/sys; the tests check each
+// number against go-seccomp-bpf's table and every decision in a BPF
+// interpreter.
 //
 // # Landlock
 //

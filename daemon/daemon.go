@@ -57,7 +57,7 @@ type Config struct {
 	// MaxSessions bounds the open sessions; 0 derives it from the
 	// daemon's limits (DefaultMaxSessions).
 	MaxSessions int
-	// WarmRuns bounds the sandboxes built ahead for sessions' next runs
+	// WarmRuns bounds the sandboxes kept for sessions' next runs
 	// (warm.go); 0 builds each run's when it comes.
 	WarmRuns int
 	// StateDir holds sessions.json, the sessions restored after a crash;

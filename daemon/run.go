@@ -32,6 +32,7 @@ import (
 type activeRun struct {
 	r        *sandbox.Run
 	binaries []string // [sandbox] binaries when it started
+	inRow    bool     // its session runs commands in a row: its sandbox is kept (warm.go)
 	mu       sync.Mutex
 	reason   string // why the daemon ended it: "timeout", "closed", "gone"
 }
@@ -250,7 +251,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 			return nil, runError("cannot build the sandbox: %v", err)
 		}
 	}
-	a := &activeRun{r: r, binaries: sb.Binaries()}
+	a := &activeRun{r: r, binaries: sb.Binaries(), inRow: d.warm.inRow(&s.runs)}
 	// Every change of a run's allowlist is made under its session's
 	// switch lock (context.set, reload), so the last one made is the
 	// newest context's: the command begins with what is in force now.
@@ -275,13 +276,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	}
 	control.Release(ctx, files) // the init has its own copies
 	keep = true
-	d.warm.refill(&s.runs, spec) // the next run's, while this one goes on
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
-		defer s.runs.remove(a)
-		// The session's runs are over only when their namespaces are
-		// (session.close unmounts the view after).
-		defer r.Gone()
 		d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
 		exit := r.Wait()
 		a.mu.Lock()
@@ -297,6 +293,17 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		d.audit.Info("run", "kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", p.Argv, "cwd", cwd,
 			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
+		// The sandbox serves the session's next run, or goes. Either
+		// way the run leaves its session only then: the session's runs
+		// are over when their namespaces are, or when the pool, which
+		// session.close empties before it unmounts the view, holds them.
+		if a.inRow && reason == "" {
+			d.warm.keep(&s.runs, warmKey(spec), r)
+		} else {
+			r.Kill()
+			r.Gone()
+		}
+		s.runs.remove(a)
 	}), nil
 }
 

@@ -1,21 +1,26 @@
 package daemon
 
-// Runs built ahead. A run's sandbox (namespaces, root, clones, cgroups)
-// costs far more than starting its command, and agents run commands one
-// after another in the same session. So once a session has run a command,
-// the daemon builds the sandbox of its next run while the current one goes
-// on (sandbox.Prepare), and the next run only begins its command in it
-// (Begin). Each prepared sandbox serves one run: its /tmp, /dev/shm and
-// processes are never shared. Nothing is decided ahead: the policy's
-// decision, the cwd and the binaries the context allows are taken when the
-// run comes, and Begin attaches those binaries before the command starts,
-// under the session's switch lock.
+// Sandboxes kept for a session's next run. A run's sandbox (namespaces,
+// root, clones, cgroups) costs far more than starting its command, and
+// agents run commands one after another in the same session. So when a
+// run's command has ended, its sandbox is kept for the session's next run
+// (sandbox.Run.Again: no process of the run is left, its /tmp and /dev/shm
+// are replaced by empty ones, the next command forks in a new IPC
+// namespace), and the next run only begins its command in it (Begin).
+// Nothing is decided ahead: the policy's decision, the cwd and the
+// binaries the context allows are taken when the run comes, and Begin
+// attaches those binaries before the command starts, under the session's
+// switch lock. A run that was killed (timeout, client gone, session
+// closed) leaves nothing.
 //
-// A prepared sandbox is used only by a run whose sandbox would be built the
+// A kept sandbox is used only by a run whose sandbox would be built the
 // same (the key: owner, groups, view, [sandbox] binaries, network, limits);
-// any other is dropped. The pool holds at most max of them (the least
-// recently prepared goes first) and each for at most idle: an idle one
-// holds an init process, a cgroup and a clone of its session's view.
+// any other is dropped. Only a session that runs commands in a row keeps
+// one (its last run began less than idle before this one): on a node of
+// many sessions, one that runs a command now and then would only evict
+// another's. The pool holds at most max (the least recently kept goes
+// first) and each for at most idle: a kept one holds an init process, a
+// cgroup and a clone of its session's view.
 // Lock order: runs.mu before warmPool.mu.
 
 import (
@@ -27,7 +32,7 @@ import (
 	"github.com/condfs/condfs/sandbox"
 )
 
-// warmIdle is how long a prepared sandbox waits for its run.
+// warmIdle is how long a kept sandbox waits for its run.
 const warmIdle = 2 * time.Minute
 
 type warmPool struct {
@@ -38,7 +43,7 @@ type warmPool struct {
 	wg      sync.WaitGroup // preparations and discards in flight
 
 	// counted for status
-	warmStarts, coldStarts, discarded atomic.Int64
+	warmStarts, coldStarts, kept, discarded atomic.Int64
 }
 
 type warmRun struct {
@@ -50,8 +55,8 @@ type warmRun struct {
 	timer *time.Timer // drops it after warmIdle
 }
 
-// warmKey is what a prepared sandbox must have been built from to serve
-// spec's run.
+// warmKey is what a kept sandbox must have been built from to serve spec's
+// run.
 func warmKey(spec sandbox.Spec) string {
 	spec.Argv, spec.Env, spec.Cwd, spec.Allowed = nil, nil, "", nil
 	b, _ := json.Marshal(spec)
@@ -62,8 +67,8 @@ func newWarmPool(max int) *warmPool {
 	return &warmPool{max: max, entries: map[*runs]*warmRun{}}
 }
 
-// take returns rs's prepared sandbox if it was built for key (waiting for
-// one being prepared), or nil. The caller owns what it gets.
+// take returns rs's kept sandbox if it was built for key (waiting for one
+// being readied), or nil. The caller owns what it gets.
 func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
 	p.mu.Lock()
 	w := p.entries[rs]
@@ -86,39 +91,52 @@ func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
 // status is the pool as the status method shows it.
 func (p *warmPool) status() map[string]any {
 	return map[string]any{"prepared": p.size(), "max_prepared": p.max,
-		"warm_starts": p.warmStarts.Load(), "cold_starts": p.coldStarts.Load(), "discarded": p.discarded.Load()}
+		"warm_starts": p.warmStarts.Load(), "cold_starts": p.coldStarts.Load(), "kept": p.kept.Load(), "discarded": p.discarded.Load()}
 }
 
-// refill prepares rs's next sandbox from spec in the background, unless rs
-// is closed or has one, or this is its first run in warmIdle: a session
-// that runs one command now and then would only churn the pool (on a node
-// of many sessions, each build would evict another's unused). It returns
-// at once.
-func (p *warmPool) refill(rs *runs, spec sandbox.Spec) {
+// inRow records that a run of rs begins now, and reports whether the one
+// before began less than warmIdle ago: whether rs runs commands in a row.
+func (p *warmPool) inRow(rs *runs) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	now := time.Now()
 	recent := !rs.lastRun.IsZero() && now.Sub(rs.lastRun) < warmIdle
 	rs.lastRun = now
-	if rs.closed || !recent {
-		return
-	}
+	return recent
+}
+
+// keep makes r, whose command has ended, rs's sandbox for its next run
+// (Again runs in the background), or ends r when rs is closed, already has
+// one, or the pool is full of sandboxes being readied. It returns once r is
+// in the pool or gone: a session that closes meanwhile finds it there
+// (drop) or finds it gone.
+func (p *warmPool) keep(rs *runs, key string, r *sandbox.Run) {
+	rs.mu.Lock()
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || p.max <= 0 || p.entries[rs] != nil {
+	ok := !rs.closed && !p.closed && p.max > 0 && p.entries[rs] == nil &&
+		(len(p.entries) < p.max || p.evictLocked())
+	w := &warmRun{key: key, since: time.Now(), ready: make(chan struct{})}
+	if ok {
+		p.entries[rs] = w
+		p.wg.Add(1)
+	}
+	p.mu.Unlock()
+	rs.mu.Unlock()
+	if !ok {
+		r.Kill()
+		r.Gone()
 		return
 	}
-	if len(p.entries) >= p.max && !p.evictLocked() {
-		return
-	}
-	w := &warmRun{key: warmKey(spec), since: time.Now(), ready: make(chan struct{})}
-	p.entries[rs] = w
-	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		r, err := sandbox.Prepare(spec)
+		err := r.Again() // on an error r is ended
 		p.mu.Lock()
-		w.r, w.err = r, err
+		if err == nil {
+			w.r = r
+			p.kept.Add(1)
+		} else {
+			w.err = err
+		}
 		if err == nil && p.entries[rs] == w {
 			w.timer = time.AfterFunc(warmIdle, func() { p.expire(rs, w) })
 		}
@@ -129,8 +147,8 @@ func (p *warmPool) refill(rs *runs, spec sandbox.Spec) {
 	}()
 }
 
-// evictLocked drops the oldest prepared sandbox to make room; it reports
-// false when every entry is still being built.
+// evictLocked drops the oldest kept sandbox to make room; it reports false
+// when every entry is still being readied.
 func (p *warmPool) evictLocked() bool {
 	var oldest *runs
 	for rs, w := range p.entries {
@@ -168,7 +186,7 @@ func (p *warmPool) expire(rs *runs, w *warmRun) {
 	}
 }
 
-// drop kills rs's prepared sandbox, if any, and waits for it to end; the
+// drop kills rs's kept sandbox, if any, and waits for it to end; the
 // caller has closed rs, so none comes after.
 func (p *warmPool) drop(rs *runs) {
 	p.mu.Lock()
@@ -182,7 +200,7 @@ func (p *warmPool) drop(rs *runs) {
 	p.discard(w)
 }
 
-// discard ends a prepared sandbox that will not be used.
+// discard ends a kept sandbox that will not be used.
 func (p *warmPool) discard(w *warmRun) {
 	if w.timer != nil {
 		w.timer.Stop()
@@ -194,14 +212,14 @@ func (p *warmPool) discard(w *warmRun) {
 	}
 }
 
-// size is how many sandboxes are prepared or being prepared.
+// size is how many sandboxes are kept or being readied.
 func (p *warmPool) size() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.entries)
 }
 
-// close drops every prepared sandbox and waits for those being built.
+// close drops every kept sandbox and waits for those being readied.
 func (p *warmPool) close() {
 	p.mu.Lock()
 	p.closed = true

@@ -23,34 +23,35 @@ func (d *daemon) runsStatus() runsStatus {
 	return st.Runs
 }
 
-// waitPrepared waits until the session's next sandbox is built.
+// waitPrepared waits until the session's next sandbox is kept.
 func (d *daemon) waitPrepared(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for d.runsStatus().Prepared == 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("no sandbox was built ahead")
+			t.Fatal("no sandbox was kept")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// Prepared counts one being built too: give it the time to finish
+	// Prepared counts one being readied too: give it the time to finish
 	// (take waits for it anyway; this keeps the runs below warm starts).
 	time.Sleep(200 * time.Millisecond)
 }
 
-// TestRunWarm: a run begun in a sandbox built ahead (while the session's
-// previous run went on) is decided and shown as of when it comes: a switch
-// or reload in between changes its binaries and view, its /tmp is its own,
-// and closing the session ends the sandbox waiting for a run.
+// TestRunWarm: a run begun in the sandbox its session's previous run left
+// (kept and readied once that run ended) is decided and shown as of when it
+// comes: a switch or reload in between changes its binaries and view, its
+// /tmp is its own (the previous run's file is gone), a killed run leaves
+// nothing, and closing the session ends the sandbox waiting for a run.
 func TestRunWarm(t *testing.T) {
 	d, _ := runHome(t)
-	// A session's first run builds nothing ahead; its second does.
+	// A session's first run keeps nothing; its second keeps its sandbox.
 	if _, code := condfsRun(t, d, "", "--", "sh", "-c", "true"); code != 0 {
 		t.Fatalf("first run: exit %d", code)
 	}
 	time.Sleep(300 * time.Millisecond)
 	if st := d.runsStatus(); st.Prepared != 0 {
-		t.Errorf("a sandbox was built ahead after a session's first run: %+v", st)
+		t.Errorf("a sandbox was kept after a session's first run: %+v", st)
 	}
 	out, code := condfsRun(t, d, "", "--", "sh", "-c", "echo mark > /tmp/mark; ls /usr/bin; ls /memories")
 	if code != 0 || !strings.Contains(out, "cat") || !strings.Contains(out, "private") {
@@ -58,12 +59,12 @@ func TestRunWarm(t *testing.T) {
 	}
 	d.waitPrepared(t)
 
-	// Built in the DM, with cat attached; begun in a guild.
+	// Kept from the DM run, with cat attached; begun in a guild.
 	d.setContext("s", guildCtx)
 	before := d.runsStatus()
 	out, code = condfsRun(t, d, "", "--", "sh", "-c", "ls -A /tmp; echo --; ls /usr/bin; echo --; ls /memories")
 	if after := d.runsStatus(); after.WarmStarts != before.WarmStarts+1 {
-		t.Fatalf("the run after the switch was not begun in the sandbox built ahead: %+v then %+v", before, after)
+		t.Fatalf("the run after the switch was not begun in the kept sandbox: %+v then %+v", before, after)
 	}
 	parts := strings.Split(out, "--\n")
 	if code != 0 || len(parts) != 3 {
@@ -83,8 +84,8 @@ func TestRunWarm(t *testing.T) {
 		t.Errorf("guild: cat through sh: exit %d %q, want 127 not found", code, out)
 	}
 
-	// A reload that changes [sandbox]: the sandbox built ahead with the
-	// old binaries is not used.
+	// A reload that changes [sandbox]: the sandbox kept with the old
+	// binaries is not used.
 	d.waitPrepared(t)
 	before = d.runsStatus()
 	d.home.write("config/conditions.toml", strings.Replace(runRules, `"/usr/bin/ls", `, "", 1))
@@ -95,6 +96,24 @@ func TestRunWarm(t *testing.T) {
 	}
 	if code != 0 || !strings.Contains(out, "ls: not found") {
 		t.Errorf("after the reload ls is still there: exit %d %q", code, out)
+	}
+
+	// A run that was killed leaves no sandbox for the next: the next is
+	// built afresh and kept again.
+	d.waitPrepared(t)
+	if out, code := condfsRun(t, d, "", "--timeout", "300ms", "--", "sleep", "30"); code != 124 {
+		t.Fatalf("timeout: exit %d %q", code, out)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if st := d.runsStatus(); st.Prepared != 0 {
+		t.Errorf("a killed run's sandbox was kept: %+v", st)
+	}
+	before = d.runsStatus()
+	if _, code := condfsRun(t, d, "", "--", "sh", "-c", "true"); code != 0 {
+		t.Fatalf("after the timeout: exit %d", code)
+	}
+	if after := d.runsStatus(); after.ColdStarts != before.ColdStarts+1 {
+		t.Errorf("the run after a killed one: %+v then %+v, want a fresh build", before, after)
 	}
 
 	// Closing the session ends the sandbox that waits for its next run.

@@ -37,3 +37,30 @@ func BenchmarkBegin(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAgain is a kept sandbox's cost per command: Again (a new /tmp,
+// IPC namespace and confined thread), then the command begun, to its exit.
+func BenchmarkAgain(b *testing.B) {
+	spec := testSpec(b, "")
+	cmd := Command{Argv: []string{"/usr/bin/true"}, Allowed: spec.Binaries}
+	r, err := Prepare(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { r.Kill(); r.Gone() }()
+	if err := r.Begin(cmd, nil, nil, nil); err != nil {
+		b.Fatal(err)
+	}
+	r.Wait()
+	for b.Loop() {
+		if err := r.Again(); err != nil {
+			b.Fatal(err)
+		}
+		if err := r.Begin(cmd, nil, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+		if ex := r.Wait(); ex.Code != 0 {
+			b.Fatalf("exit %+v", ex)
+		}
+	}
+}

@@ -16,7 +16,9 @@ import (
 //
 // daemon -> init: spec (once, first), run (once, after ready, with the
 // command's stdin, stdout and stderr attached as SCM_RIGHTS), allow,
-// signal, resize (of the command's terminal).
+// signal, resize (of the command's terminal), again (after exit: ready
+// the sandbox for another command; answered by ready or error, and then a
+// run as before).
 // init -> daemon: ready or error (answering spec: the root is built and the
 // init waits for its command), started or error (answering run), ack
 // (answering allow, same id), exit (the command's status, just before the
@@ -34,6 +36,8 @@ type message struct {
 	Signal int       `json:"signal,omitempty"`
 	Rows   uint16    `json:"rows,omitempty"`
 	Cols   uint16    `json:"cols,omitempty"`
+
+	fds []int // received with it (a run's stdio), in the init
 }
 
 const (
@@ -42,6 +46,7 @@ const (
 	opAllow   = "allow"
 	opSignal  = "signal"
 	opResize  = "resize"
+	opAgain   = "again"
 	opReady   = "ready"
 	opStarted = "started"
 	opError   = "error"

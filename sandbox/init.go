@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -90,43 +91,92 @@ func initMain() int {
 	if err != nil {
 		return fail(err)
 	}
-	// The thread that will fork the command is confined now, while the
-	// sandbox waits: a prepared run's command only has to be forked.
 	if err := closeOnExecAll(); err != nil {
 		return fail(step("descriptors", err))
 	}
-	fk, err := newForker(is.Spec)
+	d := &dispatcher{ch: ch, al: al, cmds: make(chan message, 1)}
+	for first := true; ; first = false {
+		if !first {
+			// Another command of the same sandbox: nothing of the last
+			// one is left (its processes were reaped before its exit
+			// was reported); its /tmp and /dev/shm go too.
+			if err := newTmp(is.Spec.TmpSize); err != nil {
+				return fail(step("/tmp", err))
+			}
+		}
+		// The thread that will fork the command is confined now, while
+		// the sandbox waits: a prepared run's command only has to be
+		// forked. Its own IPC namespace, new for each command, keeps no
+		// SysV object of the last one.
+		fk, err := newForker(is.Spec)
+		if err != nil {
+			return fail(err)
+		}
+		if err := ch.send(message{Op: opReady}); err != nil {
+			return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
+		}
+		if first {
+			go d.loop()
+		}
+		// Prepared: wait for the command.
+		m, ok := <-d.cmds
+		if !ok {
+			return exitInitFailed // the daemon dropped the run before its command
+		}
+		code, sig, err := d.runCommand(fk, m, is)
+		if err != nil {
+			return fail(err)
+		}
+		if err := ch.send(message{Op: opExit, Code: code, Signal: sig}); err != nil {
+			return code
+		}
+		// The daemon asks for another command (again) or ends the run.
+		if m, ok = <-d.cmds; !ok || m.Op != opAgain {
+			return code
+		}
+	}
+}
+
+// dispatcher reads the daemon's messages once the sandbox is ready: it
+// applies allow, signal and resize at once, and hands run and again to the
+// init's main loop.
+type dispatcher struct {
+	ch   *channel
+	al   *allowState
+	cmds chan message // run (its descriptors in Fds) and again
+
+	mu  sync.Mutex // guards the command's pid and terminal
+	pid int        // 0 between commands
+	pt  *pty
+}
+
+// runCommand starts m's command on fk and waits until it and every other
+// process of the namespace are gone.
+func (d *dispatcher) runCommand(fk *forker, m message, is *initSpec) (code, sig int, err error) {
+	spec, c, err := takeCommand(m, is.Spec)
 	if err != nil {
-		return fail(err)
+		return 0, 0, err
 	}
-	if err := ch.send(message{Op: opReady}); err != nil {
-		return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
-	}
-	// Prepared: the root is built; wait for the command.
-	if m, err = ch.recv(); err != nil {
-		return exitInitFailed // the daemon dropped the run before its command
-	}
-	spec, c, err := takeCommand(ch, m, is.Spec)
-	if err != nil {
-		return fail(err)
-	}
-	if err := al.set(spec.Allowed); err != nil {
-		return fail(step("binaries", err))
+	if err := d.al.set(spec.Allowed); err != nil {
+		return 0, 0, step("binaries", err)
 	}
 	var pt *pty
 	stdio := []uintptr{0, 1, 2}
 	if c.TTY {
 		if pt, err = openPTY(spec, c.Rows, c.Cols); err != nil {
-			return fail(step("tty", err))
+			return 0, 0, step("tty", err)
 		}
 		stdio = []uintptr{uintptr(pt.slave), uintptr(pt.slave), uintptr(pt.slave)}
 	}
 	pid, err := startCommand(fk, spec, stdio)
 	if err != nil {
-		return fail(err)
+		return 0, 0, err
 	}
 	if pt != nil {
-		pt.relay()
+		if err := pt.relay(); err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL)
+			return 0, 0, step("tty", err)
+		}
 	}
 	if is.Rlimits {
 		// RLIMIT_NPROC goes on the command only: set on the init, it
@@ -134,29 +184,40 @@ func initMain() int {
 		// once a fork bomb reached it, and the init died.
 		if err := setNproc(pid, spec); err != nil {
 			_ = unix.Kill(pid, unix.SIGKILL)
-			return fail(step("rlimits", err))
+			return 0, 0, step("rlimits", err)
 		}
 		if err := setAS(pid, spec); err != nil {
 			_ = unix.Kill(pid, unix.SIGKILL)
-			return fail(step("rlimits", err))
+			return 0, 0, step("rlimits", err)
 		}
 	}
-	if err := ch.send(message{Op: opStarted}); err != nil {
+	d.mu.Lock()
+	d.pid, d.pt = pid, pt
+	d.mu.Unlock()
+	if err := d.ch.send(message{Op: opStarted}); err != nil {
 		_ = unix.Kill(pid, unix.SIGKILL)
-		return exitInitFailed
+		os.Exit(exitInitFailed)
 	}
-	go control(ch, al, pid, pt)
-	code, sig := reap(pid)
+	code, sig = reap(pid)
+	d.mu.Lock()
+	d.pid, d.pt = 0, nil
+	d.mu.Unlock()
 	// Whatever the command left running dies now, and is reaped, before
 	// the daemon hears of the exit: when condfs run returns, no process of
 	// the run is left. (The kernel would kill them when the init exits,
 	// but only after tearing down its namespaces, which takes longer.)
 	reapAll()
 	if pt != nil {
-		pt.drain()
+		pt.finish()
 	}
-	_ = ch.send(message{Op: opExit, Code: code, Signal: sig})
-	return code
+	for i := 0; i < 3; i++ {
+		// The caller's stdio is not kept for the next command.
+		if null, err := unix.Open("/dev/null", unix.O_RDWR, 0); err == nil {
+			_ = unix.Dup3(null, i, 0)
+			unix.Close(null)
+		}
+	}
+	return code, sig, nil
 }
 
 // reapAll kills every other process of the namespace and reaps them until
@@ -177,10 +238,10 @@ func reapAll() {
 }
 
 // takeCommand reads the run message: the command, and the three
-// descriptors it carried, which become the init's (and so the command's)
-// 0, 1 and 2.
-func takeCommand(ch *channel, m message, spec Spec) (Spec, Command, error) {
-	fds := ch.takeFiles()
+// descriptors it carried (m.fds), which become the init's (and so the
+// command's) 0, 1 and 2.
+func takeCommand(m message, spec Spec) (Spec, Command, error) {
+	fds := m.fds
 	defer func() {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -205,36 +266,56 @@ func takeCommand(ch *channel, m message, spec Spec) (Spec, Command, error) {
 	return spec, c, nil
 }
 
-// control applies the daemon's requests until the channel closes. A daemon
+// loop applies the daemon's requests until the channel closes. A daemon
 // that is gone can no longer revoke binaries: the run ends.
-func control(ch *channel, al *allowState, pid int, pt *pty) {
+func (d *dispatcher) loop() {
 	for {
-		m, err := ch.recv()
+		m, err := d.ch.recv()
+		m.fds = d.ch.takeFiles()
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				fmt.Fprintf(os.Stderr, "condfs sandbox-init: channel: %v\n", err)
 			}
 			os.Exit(128 + int(unix.SIGKILL))
 		}
+		if m.Op != opRun {
+			for _, fd := range m.fds {
+				unix.Close(fd) // only a run carries descriptors
+			}
+			m.fds = nil
+		}
 		switch m.Op {
+		case opRun, opAgain:
+			select {
+			case d.cmds <- m:
+			default:
+				// One at a time: the daemon sends the next only once
+				// this one is answered.
+				fmt.Fprintf(os.Stderr, "condfs sandbox-init: %s out of turn\n", m.Op)
+				os.Exit(128 + int(unix.SIGKILL))
+			}
 		case opAllow:
 			e := ""
-			if err := al.set(m.Paths); err != nil {
+			if err := d.al.set(m.Paths); err != nil {
 				e = err.Error()
 			}
-			if err := ch.send(message{Op: opAck, ID: m.ID, Err: e}); err != nil || e != "" {
+			if err := d.ch.send(message{Op: opAck, ID: m.ID, Err: e}); err != nil || e != "" {
 				// Either the daemon cannot learn of it or it will kill us:
 				// end the run now rather than keep a stale binary.
 				os.Exit(128 + int(unix.SIGKILL))
 			}
 		case opSignal:
-			if m.Sig > 0 && m.Sig < 65 {
-				_ = unix.Kill(pid, unix.Signal(m.Sig))
+			d.mu.Lock()
+			if d.pid > 0 && m.Sig > 0 && m.Sig < 65 {
+				_ = unix.Kill(d.pid, unix.Signal(m.Sig))
 			}
+			d.mu.Unlock()
 		case opResize:
-			if pt != nil {
-				_ = pt.resize(m.Rows, m.Cols)
+			d.mu.Lock()
+			if d.pt != nil {
+				_ = d.pt.resize(m.Rows, m.Cols)
 			}
+			d.mu.Unlock()
 		}
 	}
 }
@@ -288,6 +369,10 @@ func newForker(spec Spec) (*forker, error) {
 	confined := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWIPC); err != nil {
+			confined <- step("ipc namespace", err)
+			return
+		}
 		if err := confineHook(spec); err != nil {
 			confined <- step("confine", err)
 			return

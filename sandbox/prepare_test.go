@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,5 +88,56 @@ func TestNothingOutlivesExit(t *testing.T) {
 	time.Sleep(600 * time.Millisecond)
 	if _, err := os.Stat(spec.Workspace + "/late"); err == nil {
 		t.Error("a background process of the run wrote after Wait returned")
+	}
+}
+
+// TestAgain: a run's sandbox serves another command once the last has
+// ended (Again), and nothing of the last is there: not its background
+// processes, its /tmp and /dev/shm files or its SysV IPC objects; its
+// stdio was let go when its exit was reported. Begin before Again is
+// refused.
+func TestAgain(t *testing.T) {
+	spec := testSpec(t, "")
+	spec.Binaries = slices.Concat(testBinaries, []string{"/usr/bin/ipcmk", "/usr/bin/ipcs"})
+	spec.Allowed = spec.Binaries
+	r, err := Prepare(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { r.Kill(); r.Gone() }()
+	begin := func(script string) (string, Exit) {
+		t.Helper()
+		out := newOutput(t)
+		err := r.Begin(Command{Argv: []string{"/bin/sh", "-c", script}, Env: spec.Env, Allowed: spec.Allowed}, nil, out.w, out.w)
+		out.w.Close()
+		if err != nil {
+			t.Fatalf("Begin: %v", err)
+		}
+		ex := r.Wait()
+		select {
+		case <-out.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the command's stdout is still open after its exit")
+		}
+		return out.String(), ex
+	}
+	const segments = `n=0; for w in $(ipcs -m); do case $w in 0x*) n=$((n+1));; esac; done; echo $n`
+	out, ex := begin("echo x > /tmp/a; echo y > /dev/shm/b; ipcmk -M 4096 >/dev/null; " + segments + "; cat /proc/sys/kernel/hostname; sleep 60 & exit 3")
+	if ex.Code != 3 || out != "1\ncondfs\n" {
+		t.Fatalf("first command: %q %+v", out, ex)
+	}
+	if err := r.Begin(Command{Argv: []string{"/bin/true"}}, nil, nil, nil); err == nil {
+		t.Fatal("a Begin before Again was accepted")
+	}
+	for i := range 3 {
+		if err := r.Again(); err != nil {
+			t.Fatalf("Again %d: %v", i, err)
+		}
+		out, ex = begin("ls -A /tmp /dev/shm; " + segments + "; cat /proc/[0-9]*/comm; echo z > /tmp/c")
+		// Processes: the init and the shell (cat's own is not globbed).
+		procs, ok := strings.CutPrefix(out, "/dev/shm:\n\n/tmp:\n0\n")
+		if ex.Code != 0 || !ok || strings.Count(procs, "\n") != 2 || !strings.HasSuffix(procs, "\nsh\n") {
+			t.Fatalf("command %d after Again: %q %+v", i+2, out, ex)
+		}
 	}
 }

@@ -20,6 +20,7 @@ type pty struct {
 	slave  int
 	out    chan struct{} // closed when the master's output is drained
 	moved  atomic.Int64  // unix nanoseconds of the last output relayed
+	wake   int           // written to stop the input copy
 }
 
 // openPTY opens a new pts of the run's devpts (mounted by buildDev) as the
@@ -76,21 +77,52 @@ func (p *pty) resize(rows, cols uint16) error {
 // relay starts copying stdin (the init's 0) to the terminal and the
 // terminal's output to stdout (the init's 1), once the command holds the
 // slave (the init's own copy is closed here: the master reads EIO once the
-// run's last holder is gone).
-func (p *pty) relay() {
+// run's last holder is gone). Both copies work on descriptors of their
+// own: the init's 0 and 1 are given to the next command's stdio.
+func (p *pty) relay() error {
 	unix.Close(p.slave)
 	p.moved.Store(time.Now().UnixNano())
-	in, out := os.NewFile(0, "stdin"), os.NewFile(1, "stdout")
+	in, err := unix.FcntlInt(0, unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return err
+	}
+	out, err := unix.FcntlInt(1, unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		unix.Close(in)
+		return err
+	}
+	var wake [2]int
+	if err := unix.Pipe2(wake[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(in)
+		unix.Close(out)
+		return err
+	}
+	p.wake = wake[1]
 	go func() {
+		defer unix.Close(in)
+		defer unix.Close(wake[0])
 		buf := make([]byte, 32<<10)
 		for {
-			n, err := in.Read(buf)
+			// Polled with the wake pipe: once the command is gone
+			// this copy stops, and reads no more of the caller's
+			// input (a key typed at the caller's shell after the run).
+			fds := []unix.PollFd{{Fd: int32(in), Events: unix.POLLIN}, {Fd: int32(wake[0]), Events: unix.POLLIN}}
+			if _, err := unix.Poll(fds, -1); err != nil {
+				if err == unix.EINTR {
+					continue
+				}
+				return
+			}
+			if fds[1].Revents != 0 {
+				return
+			}
+			n, err := unix.Read(in, buf)
 			if n > 0 {
 				if _, werr := p.master.Write(buf[:n]); werr != nil {
 					return
 				}
 			}
-			if err != nil {
+			if n == 0 || (err != nil && err != unix.EINTR && err != unix.EAGAIN) {
 				// The caller's input ended (a pipe, /dev/null): the
 				// terminal's end-of-file character tells a reader in
 				// canonical mode, as script(1) does.
@@ -103,13 +135,19 @@ func (p *pty) relay() {
 	}()
 	go func() {
 		defer close(p.out)
+		defer unix.Close(out)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := p.master.Read(buf)
-			if n > 0 {
-				if _, werr := out.Write(buf[:n]); werr != nil {
+			for b := buf[:n]; len(b) > 0; {
+				w, werr := unix.Write(out, b)
+				if werr == unix.EINTR {
+					continue
+				}
+				if werr != nil {
 					return
 				}
+				b = b[w:]
 				p.moved.Store(time.Now().UnixNano())
 			}
 			if err != nil {
@@ -117,25 +155,31 @@ func (p *pty) relay() {
 			}
 		}
 	}()
+	return nil
 }
 
 // drainIdle bounds drain when output stops moving while something outside
 // the run's processes (all gone by then) still holds the slave.
 const drainIdle = 2 * time.Second
 
-// drain waits, once every process of the run is gone, until what the
-// command wrote to its terminal has reached stdout.
-func (p *pty) drain() {
+// finish waits, once every process of the run is gone, until what the
+// command wrote to its terminal has reached stdout, then stops the input
+// copy and closes the terminal.
+func (p *pty) finish() {
 	t := time.NewTicker(drainIdle / 4)
 	defer t.Stop()
+drain:
 	for {
 		select {
 		case <-p.out:
-			return
+			break drain
 		case <-t.C:
 			if time.Since(time.Unix(0, p.moved.Load())) > drainIdle {
-				return
+				break drain
 			}
 		}
 	}
+	_, _ = unix.Write(p.wake, []byte{0})
+	unix.Close(p.wake)
+	p.master.Close()
 }

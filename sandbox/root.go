@@ -477,6 +477,54 @@ func buildTmp(n string, size int64) error {
 	return os.Remove(scratch)
 }
 
+// newTmp replaces the run's /tmp and /dev/shm (after pivot_root) with two
+// directories of a new tmpfs, as buildTmp made them: the sandbox's next
+// command finds them empty. The old tmpfs goes with its last mount.
+func newTmp(size int64) error {
+	if size == 0 {
+		size = defaultTmpSize
+	}
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen: %w", err)
+	}
+	defer unix.Close(fs)
+	for k, v := range map[string]string{"mode": "0755", "size": strconv.FormatInt(size, 10)} {
+		if err := unix.FsconfigSetString(fs, k, v); err != nil {
+			return fmt.Errorf("tmpfs %s: %w", k, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return fmt.Errorf("tmpfs: %w", err)
+	}
+	mnt, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsmount: %w", err)
+	}
+	defer unix.Close(mnt)
+	for _, b := range []struct{ dir, at string }{{"tmp", "/tmp"}, {"shm", "/dev/shm"}} {
+		if err := unix.Mkdirat(mnt, b.dir, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Fchmodat(mnt, b.dir, 0o1777, 0); err != nil {
+			return err
+		}
+		sub, err := unix.OpenTree(mnt, b.dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("open_tree %s: %w", b.dir, err)
+		}
+		err = unix.Unmount(b.at, unix.MNT_DETACH)
+		if err == nil {
+			err = attach(sub, b.at)
+		}
+		unix.Close(sub)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.at, err)
+		}
+	}
+	return nil
+}
+
 // pivot makes n the root and detaches the host's (runc's pivot_root(".", ".")).
 func pivot(n string) error {
 	oldRoot, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)

@@ -73,7 +73,8 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 // returns it waiting for its command: the root built, the init in its
 // cgroups and confined as the command will be, spec.Allowed attached (Begin
 // sets the command's own), nothing of the command running. A prepared run
-// is used once: Begin it, or Kill it.
+// serves one command at a time: Begin it, Wait for it, then Again for
+// another command, or Kill it.
 func Prepare(spec Spec) (*Run, error) {
 	spec.Argv, spec.Env, spec.Cwd = nil, nil, ""
 	if err := spec.validate(); err != nil {
@@ -170,6 +171,7 @@ func (r *Run) Begin(c Command, stdin, stdout, stderr *os.File) error {
 	r.mu.Lock()
 	again := r.begun
 	r.begun = true
+	started := r.started
 	r.mu.Unlock()
 	if again {
 		return errors.New("sandbox: this run has begun already")
@@ -199,7 +201,7 @@ func (r *Run) Begin(c Command, stdin, stdout, stderr *os.File) error {
 		return fail(err)
 	}
 	select {
-	case m := <-r.started:
+	case m := <-started:
 		switch m.Op {
 		case opStarted:
 			return nil
@@ -260,7 +262,7 @@ func (r *Run) readLoop() {
 		}
 		r.mu.Lock()
 		switch m.Op {
-		case opStarted, opError:
+		case opStarted, opError, opReady:
 			select {
 			case r.started <- m:
 			default:
@@ -350,6 +352,48 @@ func (r *Run) Signal(sig syscall.Signal) error {
 	return nil
 }
 
+// Again readies r, whose command has ended, for another command: Begin
+// may be called once more. Nothing of the last command is left: its
+// processes were reaped before its exit was reported, its /tmp and
+// /dev/shm are replaced by empty ones, and the next command forks from a
+// newly confined thread in a new IPC namespace. The namespaces, the root,
+// the cgroups and the view's clones stay. On an error the run is ended.
+func (r *Run) Again() error {
+	r.mu.Lock()
+	if r.exit == nil || r.killed || r.closed {
+		r.mu.Unlock()
+		r.Kill()
+		r.Gone()
+		return errors.New("sandbox: again: the run's command has not ended, or the run has")
+	}
+	r.begun, r.exit = false, nil
+	r.started, r.exited = make(chan message, 1), make(chan struct{})
+	started := r.started
+	r.mu.Unlock()
+	fail := func(err error) error {
+		r.Kill()
+		r.Gone()
+		return fmt.Errorf("sandbox: again: %w", err)
+	}
+	if err := r.ch.send(message{Op: opAgain}); err != nil {
+		return fail(err)
+	}
+	select {
+	case m := <-started:
+		switch m.Op {
+		case opReady:
+			return nil
+		case opError:
+			return fail(fmt.Errorf("%s: %s", m.Step, m.Err))
+		}
+		return fail(fmt.Errorf("init: unexpected %q", m.Op))
+	case <-r.readDone:
+		return fail(errors.New("init: exited"))
+	case <-time.After(startTimeout):
+		return fail(errors.New("init: no answer"))
+	}
+}
+
 // Resize sets the size of the command's terminal (a Command with TTY;
 // ignored otherwise).
 func (r *Run) Resize(rows, cols uint16) error {
@@ -379,11 +423,16 @@ func (r *Run) Kill() {
 // command left), or for the init's end. The init's own teardown may go on
 // after it: Gone waits for that.
 func (r *Run) Wait() Exit {
+	r.mu.Lock()
+	exited := r.exited
+	r.mu.Unlock()
 	select {
-	case <-r.exited:
+	case <-exited:
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return *r.exit
+		if r.exit != nil {
+			return *r.exit
+		}
 	case <-r.done:
 	}
 	r.mu.Lock()

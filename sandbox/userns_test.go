@@ -49,7 +49,7 @@ func TestUserNS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the tests as uid 65534 failed: %v", err)
 	}
-	for _, want := range []string{"--- PASS: TestAvailable", "--- PASS: TestAllowLive", "--- PASS: TestIdentity", "--- PASS: TestMountsNosuidNodev"} {
+	for _, want := range []string{"--- PASS: TestAvailable", "--- PASS: TestAllowLive", "--- PASS: TestIdentity", "--- PASS: TestMountsNosuidNodev", "--- PASS: TestAgain"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q", want)
 		}

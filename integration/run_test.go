@@ -115,8 +115,14 @@ func TestRun(t *testing.T) {
 	if st.Sandbox.Build != "namespaces (root)" || !st.Sandbox.Seccomp {
 		t.Errorf("status sandbox: %+v", st.Sandbox)
 	}
+	if out, code := condfsRun(t, d, "", "--session", "nope", "--", "id"); code != 125 || !strings.Contains(out, `unknown session "nope"`) {
+		t.Errorf("unknown session: exit %d %q", code, out)
+	}
 	// In a guild the private file is gone and cat may not run.
 	d.setContext("s", guildCtx)
+	if out, code := condfsRun(t, d, "", "--cwd", "/memories/private", "--", "ls"); code != 125 || !strings.Contains(out, "not in the session's view") {
+		t.Errorf("a --cwd the context hides: exit %d %q", code, out)
+	}
 	if out, code := condfsRun(t, d, "", "--", "ls", "/memories"); code != 0 || strings.Contains(out, "private") {
 		t.Errorf("guild: ls /memories: exit %d %q", code, out)
 	}
@@ -214,7 +220,7 @@ func TestRunClientGone(t *testing.T) {
 // follows the session's context as with a root daemon.
 func TestRunUnprivilegedDaemon(t *testing.T) {
 	requireUnprivilegedFUSE(t)
-	h := openHome(t, runRules)
+	h := openHome(t, limitRules)
 	h.write("config/policy.yaml", runPolicy)
 	h.write("memories/private/p.md", "dm secret\n")
 	h.write("memories/pub.md", "public\n")
@@ -260,6 +266,14 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	}
 	if out, code := run("id", "-u"); code != 0 || strings.TrimSpace(out) != "65534" {
 		t.Fatalf("id: exit %d %q", code, out)
+	}
+	// No cgroup for an ordinary user here: memory and /tmp are bounded
+	// all the same (RLIMIT_AS; the tmpfs's size).
+	if out, code := run("python3", "-c", "b = bytearray(256 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('kept')"); code == 0 || strings.Contains(out, "kept") {
+		t.Fatalf("256 MiB under a 64 MiB limit: exit %d %q", code, out)
+	}
+	if out, code := run("python3", "-c", "open('/tmp/a', 'wb').write(b'x' * (2 << 20))"); code == 0 || !strings.Contains(out, "No space left") {
+		t.Fatalf("2 MiB in /tmp under 1 MiB: exit %d %q", code, out)
 	}
 	// --tty: a terminal of the run's own devpts on this path too.
 	tty := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--tty", "--",

@@ -274,11 +274,10 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		s.runs.remove(a)
 		return nil, runError("cannot build the sandbox: %v", err)
 	}
-	control.Release(ctx, files) // the init has its own copies
-	keep = true
+	keep = true // released once the run is answered: the init has its own copies
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
-		d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
+		stopReader := d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
 		exit := r.Wait()
 		a.mu.Lock()
 		reason := a.reason
@@ -293,6 +292,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		d.audit.Info("run", "kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", p.Argv, "cwd", cwd,
 			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
+		stopReader()
+		control.Release(ctx, files)
 		// The sandbox serves the session's next run, or goes. Either
 		// way the run leaves its session only then: the session's runs
 		// are over when their namespaces are, or when the pool, which
@@ -308,9 +309,9 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 }
 
 // serveRun relays the client's signals (and its terminal's size) until
-// the command ends, and ends
+// the command ends (and stopReader is called), and ends
 // the run when the client goes or the timeout passes.
-func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duration) {
+func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duration) (stopReader func()) {
 	done := make(chan struct{})
 	var timer *time.Timer
 	if timeout > 0 {
@@ -352,15 +353,19 @@ func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duratio
 	go func() { a.r.Wait(); close(exited) }()
 	select {
 	case <-exited:
-		// Stop the reader: the connection is answered and closed after.
-		st.Conn.SetReadDeadline(time.Now())
-		<-done
+		// The reader stops once the run is answered (not before: that
+		// is one more wakeup between the exit and the answer).
+		return func() {
+			st.Conn.SetReadDeadline(time.Now())
+			<-done
+		}
 	case <-done:
 		// The client is gone (or sent what cannot be read): nothing
 		// outlives the run's caller.
 		a.end("gone")
 		<-exited
 	}
+	return func() {}
 }
 
 // stdioOK refuses a descriptor that would hand the command more than a

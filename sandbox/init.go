@@ -391,19 +391,18 @@ func newForker(spec Spec) (*forker, error) {
 // startCommand looks the command up as its owner and forks it on fk,
 // with stdio as its 0, 1 and 2 (with a terminal, its controlling one).
 func startCommand(fk *forker, spec Spec, stdio []uintptr) (int, error) {
-	// Looked up as the owner: the view admits its owner, not root.
-	var path string
-	if err := asOwner(spec, func() error {
-		var err error
-		if path, err = lookPath(spec.Argv[0], spec.Env); err != nil {
-			return step("exec", err)
+	// A name is looked up as the owner (PATH may name the view, which
+	// admits its owner, not root). The cwd is checked by the child's
+	// chdir, made as the owner too; only a failure asks which it was.
+	path := spec.Argv[0]
+	if !strings.Contains(path, "/") {
+		if err := asOwner(spec, func() error {
+			var err error
+			path, err = lookPath(spec.Argv[0], spec.Env)
+			return err
+		}); err != nil {
+			return 0, step("exec", err)
 		}
-		if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
-			return step("cwd", fmt.Errorf("%s is not a directory of the run", spec.Cwd))
-		}
-		return nil
-	}); err != nil {
-		return 0, err
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Cwd,
@@ -421,6 +420,14 @@ func startCommand(fk *forker, spec Spec, stdio []uintptr) (int, error) {
 	fk.reqs <- forkReq{path, spec.Argv, attr, res}
 	r := <-res
 	if r.err != nil {
+		if err := asOwner(spec, func() error {
+			if fi, err := os.Stat(spec.Cwd); err != nil || !fi.IsDir() {
+				return fmt.Errorf("%s is not a directory of the run", spec.Cwd)
+			}
+			return nil
+		}); err != nil {
+			return 0, step("cwd", err)
+		}
 		return 0, step("exec", fmt.Errorf("%s: %w", path, r.err))
 	}
 	return r.pid, nil

@@ -141,3 +141,25 @@ func TestAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestCwdMissing: a cwd that is not a directory of the run is refused as
+// such, for a command named by path (checked by the child's chdir) and by
+// name (looked up first); nothing runs.
+func TestCwdMissing(t *testing.T) {
+	spec := testSpec(t, "")
+	for _, argv := range [][]string{{"/bin/sh", "-c", "echo ran > /workspace/ran"}, {"sh", "-c", "echo ran > /workspace/ran"}} {
+		r, err := Prepare(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = r.Begin(Command{Argv: argv, Env: spec.Env, Cwd: "/workspace/nope", Allowed: spec.Binaries}, nil, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), "cwd") || !strings.Contains(err.Error(), "/workspace/nope is not a directory") {
+			t.Errorf("%v in a missing cwd: %v", argv, err)
+		}
+		r.Kill()
+		r.Gone()
+		if _, err := os.Stat(spec.Workspace + "/ran"); err == nil {
+			t.Errorf("%v ran", argv)
+		}
+	}
+}

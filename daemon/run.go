@@ -274,7 +274,11 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		s.runs.remove(a)
 		return nil, runError("cannot build the sandbox: %v", err)
 	}
-	keep = true // released once the run is answered: the init has its own copies
+	// The init has its own copies. Let go of ours now: a caller reading
+	// the command's output through a pipe sees its end only once every
+	// copy is closed.
+	control.Release(ctx, files)
+	keep = true
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
 		stopReader := d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
@@ -293,7 +297,6 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
 		stopReader()
-		control.Release(ctx, files)
 		// The sandbox serves the session's next run, or goes. Either
 		// way the run leaves its session only then: the session's runs
 		// are over when their namespaces are, or when the pool, which

@@ -174,19 +174,9 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if len(p.Argv) > 4096 {
 		return nil, runError("over 4096 arguments")
 	}
-	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/workspace", "CONDFS_SESSION=" + s.id}
-	if p.Lang != "" {
-		env = append(env, "LANG="+p.Lang)
-	}
-	if p.Term != "" {
-		env = append(env, "TERM="+p.Term)
-	}
-	for _, e := range p.Env {
-		k, _, ok := strings.Cut(e, "=")
-		if !ok || k == "" || strings.ContainsRune(e, 0) {
-			return nil, runError("--env %q: want NAME=VALUE", e)
-		}
-		env = append(env, e)
+	env, cerr := runEnv(s.id, p)
+	if cerr != nil {
+		return nil, cerr
 	}
 	cwd := p.Cwd
 	if cwd == "" {
@@ -201,78 +191,18 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if sb == nil {
 		return nil, runError("conditions.toml has no [sandbox] table: no binaries are allowed, so nothing can run")
 	}
-	// The run is first a tool call.
-	decideParams, _ := json.Marshal(map[string]any{"session": s.id, "roles": p.Roles, "tool": "exec",
-		"args": map[string]any{"argv": p.Argv, "cwd": cwd}})
-	res, derr := d.decide(ctx, decideParams)
-	if derr != nil {
-		return nil, derr
-	}
-	dec, _ := json.Marshal(res)
-	var decision struct {
-		Decision string   `json:"decision"`
-		Reasons  []string `json:"reasons"`
-	}
-	json.Unmarshal(dec, &decision)
-	switch decision.Decision {
-	case "allow":
-	case "approval_required":
-		return nil, control.Errorf(control.CodeRunDenied, "the policy requires an approval for exec %v; ask for it before calling condfs run", p.Argv)
-	default:
-		return nil, control.Errorf(control.CodeRunDenied, "the policy denies exec %v: %s", p.Argv, strings.Join(decision.Reasons, "; "))
+	if err := d.decideRun(ctx, s.id, p.Roles, p.Argv, cwd); err != nil {
+		return nil, err
 	}
 	allowed := allowedBinaries(cfg, set, sb.Binaries())
 	if err := commandAllowed(p.Argv[0], allowed); err != nil {
 		return nil, err
 	}
-	spec := sandbox.Spec{
-		Argv: p.Argv, Env: env, Cwd: cwd,
-		UID: s.owner, GID: s.owner,
-		Workspace: s.view.Mountpoint() + "/workspace", Memories: s.view.Mountpoint() + "/memories",
-		Binaries: sb.Binaries(), Allowed: allowed,
-		Network: string(sb.Network()), TmpSize: sb.TmpSize(), Memory: sb.Memory(), Pids: sb.Pids(),
-		UserNS: os.Geteuid() != 0,
-	}
-	if spec.UserNS {
-		// A daemon that is not root serves its own uid only, and runs as
-		// it: its ids map to themselves, groups stay as they are.
-		spec.UID, spec.GID = uint32(os.Geteuid()), uint32(os.Getegid())
-	} else if gid, groups, err := userGroups(s.owner); err == nil {
-		spec.GID, spec.Groups = gid, groups
-	}
-	// The sandbox built ahead for this session, or a new one.
-	r := d.warm.take(&s.runs, warmKey(spec))
-	if r != nil {
-		d.warm.warmStarts.Add(1)
-	} else {
-		d.warm.coldStarts.Add(1)
-		var err error
-		if r, err = sandbox.Prepare(spec); err != nil {
-			return nil, runError("cannot build the sandbox: %v", err)
-		}
-	}
-	a := &activeRun{r: r, binaries: sb.Binaries(), inRow: d.warm.inRow(&s.runs)}
-	// Every change of a run's allowlist is made under its session's
-	// switch lock (context.set, reload), so the last one made is the
-	// newest context's: the command begins with what is in force now.
-	s.switchMu.Lock()
-	added := s.runs.add(a)
-	var err error
-	if added {
-		err = r.Begin(sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd,
-			Allowed: allowedBinaries(d.conditions.Load(), s.view.Context(), sb.Binaries()),
-			TTY:     p.TTY, Rows: p.Rows, Cols: p.Cols},
-			files[0], files[1], files[2])
-	}
-	s.switchMu.Unlock()
-	if !added {
-		r.Kill()
-		r.Gone()
-		return nil, runError("session %q is closing", s.id)
-	}
-	if err != nil {
-		s.runs.remove(a)
-		return nil, runError("cannot build the sandbox: %v", err)
+	spec := runSpec(s, sb, p.Argv, env, cwd, allowed)
+	cmd := sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd, TTY: p.TTY, Rows: p.Rows, Cols: p.Cols}
+	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files)
+	if cerr != nil {
+		return nil, cerr
 	}
 	// The init has its own copies. Let go of ours now: a caller reading
 	// the command's output through a pipe sees its end only once every
@@ -282,7 +212,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
 		stopReader := d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
-		exit := r.Wait()
+		exit := a.r.Wait()
 		a.mu.Lock()
 		reason := a.reason
 		a.mu.Unlock()
@@ -297,18 +227,126 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
 		stopReader()
-		// The sandbox serves the session's next run, or goes. Either
-		// way the run leaves its session only then: the session's runs
-		// are over when their namespaces are, or when the pool, which
-		// session.close empties before it unmounts the view, holds them.
-		if a.inRow && reason == "" {
-			d.warm.keep(&s.runs, warmKey(spec), r)
-		} else {
-			r.Kill()
-			r.Gone()
-		}
-		s.runs.remove(a)
+		d.endRun(s, a, spec, reason == "")
 	}), nil
+}
+
+// runEnv is the command's environment (sandbox.md): not inherited.
+func runEnv(session string, p runParams) ([]string, *control.Error) {
+	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/workspace", "CONDFS_SESSION=" + session}
+	if p.Lang != "" {
+		env = append(env, "LANG="+p.Lang)
+	}
+	if p.Term != "" {
+		env = append(env, "TERM="+p.Term)
+	}
+	for _, e := range p.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.ContainsRune(e, 0) {
+			return nil, runError("--env %q: want NAME=VALUE", e)
+		}
+		env = append(env, e)
+	}
+	return env, nil
+}
+
+// decideRun: the run is first a tool call, exec with {"argv","cwd"}; only
+// allow runs (126 otherwise).
+func (d *Daemon) decideRun(ctx context.Context, session string, roles, argv []string, cwd string) *control.Error {
+	decideParams, _ := json.Marshal(map[string]any{"session": session, "roles": roles, "tool": "exec",
+		"args": map[string]any{"argv": argv, "cwd": cwd}})
+	res, derr := d.decide(ctx, decideParams)
+	if derr != nil {
+		return derr
+	}
+	dec, _ := json.Marshal(res)
+	var decision struct {
+		Decision string   `json:"decision"`
+		Reasons  []string `json:"reasons"`
+	}
+	if err := json.Unmarshal(dec, &decision); err != nil {
+		return control.Errorf(control.CodeRunDenied, "exec %v: the decision cannot be read: %v", argv, err)
+	}
+	switch decision.Decision {
+	case "allow":
+		return nil
+	case "approval_required":
+		return control.Errorf(control.CodeRunDenied, "the policy requires an approval for exec %v; ask for it before calling condfs run", argv)
+	default:
+		return control.Errorf(control.CodeRunDenied, "the policy denies exec %v: %s", argv, strings.Join(decision.Reasons, "; "))
+	}
+}
+
+// runSpec is the sandbox of s's run as the daemon builds it.
+func runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowed []string) sandbox.Spec {
+	spec := sandbox.Spec{
+		Argv: argv, Env: env, Cwd: cwd,
+		UID: s.owner, GID: s.owner,
+		Workspace: s.view.Mountpoint() + "/workspace", Memories: s.view.Mountpoint() + "/memories",
+		Binaries: sb.Binaries(), Allowed: allowed,
+		Network: string(sb.Network()), TmpSize: sb.TmpSize(), Memory: sb.Memory(), Pids: sb.Pids(),
+		UserNS: os.Geteuid() != 0,
+	}
+	if spec.UserNS {
+		// A daemon that is not root serves its own uid only, and runs as
+		// it: its ids map to themselves, groups stay as they are.
+		spec.UID, spec.GID = uint32(os.Geteuid()), uint32(os.Getegid())
+	} else if gid, groups, err := userGroups(s.owner); err == nil {
+		spec.GID, spec.Groups = gid, groups
+	}
+	return spec
+}
+
+// beginRun starts cmd in the session's kept sandbox, or a new one, with
+// files as its stdio and the binaries its context allows as it begins.
+func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File) (*activeRun, *control.Error) {
+	r := d.warm.take(&s.runs, warmKey(spec))
+	if r != nil {
+		d.warm.warmStarts.Add(1)
+	} else {
+		d.warm.coldStarts.Add(1)
+		var err error
+		if r, err = sandbox.Prepare(spec); err != nil {
+			return nil, runError("cannot build the sandbox: %v", err)
+		}
+	}
+	a := &activeRun{r: r, binaries: binaries, inRow: d.warm.inRow(&s.runs)}
+	// Every change of a run's allowlist is made under its session's
+	// switch lock (context.set, reload), so the last one made is the
+	// newest context's: the command begins with what is in force now.
+	s.switchMu.Lock()
+	added := s.runs.add(a)
+	var err error
+	if added {
+		cmd.Allowed = allowedBinaries(d.conditions.Load(), s.view.Context(), binaries)
+		err = r.Begin(cmd, files[0], files[1], files[2])
+	}
+	s.switchMu.Unlock()
+	if !added {
+		r.Kill()
+		r.Gone()
+		return nil, runError("session %q is closing", s.id)
+	}
+	if err != nil {
+		s.runs.remove(a)
+		return nil, runError("cannot build the sandbox: %v", err)
+	}
+	return a, nil
+}
+
+// endRun keeps a's sandbox for its session's next run (reusable: its
+// command ended by itself) or ends it. Either way the run leaves its
+// session only then: the session's runs are over when their namespaces
+// are, or when the pool, which session.close empties before it unmounts
+// the view, holds them.
+func (d *Daemon) endRun(s *session, a *activeRun, spec sandbox.Spec, reusable bool) {
+	if a.inRow && reusable {
+		d.warm.keep(&s.runs, warmKey(spec), a.r)
+	} else {
+		a.r.Kill()
+		a.r.Gone()
+	}
+	s.runs.remove(a)
 }
 
 // serveRun relays the client's signals (and its terminal's size) until

@@ -19,6 +19,59 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// rawTerminal puts our terminal, when stdin is one, in raw mode: every key
+// goes on (the command's terminal does the line editing and makes the
+// signals). It notes the terminal's size in params, and returns what
+// gives the terminal back as it was (idempotent).
+func rawTerminal(params map[string]any) (restore func(), err error) {
+	t, err := unix.IoctlGetTermios(0, unix.TCGETS)
+	if err != nil {
+		return func() {}, nil // not a terminal: nothing to set
+	}
+	if ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ); err == nil {
+		params["rows"], params["cols"] = ws.Row, ws.Col
+	}
+	raw := *t
+	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+	raw.Oflag &^= unix.OPOST
+	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+	raw.Cflag &^= unix.CSIZE | unix.PARENB
+	raw.Cflag |= unix.CS8
+	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+	if err := unix.IoctlSetTermios(0, unix.TCSETS, &raw); err != nil {
+		return func() {}, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { unix.IoctlSetTermios(0, unix.TCSETS, t) }) }, nil
+}
+
+// forwardSignals passes SIGINT, SIGTERM, SIGHUP and SIGQUIT (and, with a
+// sized terminal, its size on SIGWINCH) to the run on c until stop.
+func forwardSignals(c *net.UnixConn, sized bool) (stop func()) {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	if sized {
+		signal.Notify(sigs, syscall.SIGWINCH)
+	}
+	go func() {
+		for s := range sigs {
+			var m map[string]any
+			if s == syscall.SIGWINCH {
+				ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ)
+				if err != nil {
+					continue
+				}
+				m = map[string]any{"jsonrpc": "2.0", "method": "run.resize", "params": map[string]any{"rows": ws.Row, "cols": ws.Col}}
+			} else {
+				m = map[string]any{"jsonrpc": "2.0", "method": "run.signal", "params": map[string]any{"signal": int(s.(syscall.Signal))}}
+			}
+			line, _ := json.Marshal(m)
+			c.Write(append(line, '\n'))
+		}
+	}()
+	return func() { signal.Stop(sigs) }
+}
+
 // Exit statuses of condfs run besides the command's own (sandbox.md).
 const (
 	exitRunTimeout  = 124
@@ -89,27 +142,11 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	restore := func() {}
 	if *tty {
 		params["tty"] = true
-		// Our terminal, when stdin is one, passes every key on (the
-		// command's terminal does the line editing and the signals) and
-		// is given back as it was however the run ends.
-		if t, err := unix.IoctlGetTermios(0, unix.TCGETS); err == nil {
-			if ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ); err == nil {
-				params["rows"], params["cols"] = ws.Row, ws.Col
-			}
-			raw := *t
-			raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
-			raw.Oflag &^= unix.OPOST
-			raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
-			raw.Cflag &^= unix.CSIZE | unix.PARENB
-			raw.Cflag |= unix.CS8
-			raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
-			if err := unix.IoctlSetTermios(0, unix.TCSETS, &raw); err != nil {
-				return fail("put the terminal in raw mode: %v", err)
-			}
-			var once sync.Once
-			restore = func() { once.Do(func() { unix.IoctlSetTermios(0, unix.TCSETS, t) }) }
-			defer restore()
+		var err error
+		if restore, err = rawTerminal(params); err != nil {
+			return fail("put the terminal in raw mode: %v", err)
 		}
+		defer restore()
 	}
 	req, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "run", "params": params})
 	// Our stdio goes with the request: the command reads and writes it
@@ -117,32 +154,21 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	if _, _, err := c.WriteMsgUnix(append(req, '\n'), unix.UnixRights(0, 1, 2), nil); err != nil {
 		return fail("send the request: %v", err)
 	}
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	if _, ok := params["rows"]; ok {
-		signal.Notify(sigs, syscall.SIGWINCH)
-	}
-	defer signal.Stop(sigs)
-	go func() {
-		for s := range sigs {
-			var m map[string]any
-			if s == syscall.SIGWINCH {
-				ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ)
-				if err != nil {
-					continue
-				}
-				m = map[string]any{"jsonrpc": "2.0", "method": "run.resize", "params": map[string]any{"rows": ws.Row, "cols": ws.Col}}
-			} else {
-				m = map[string]any{"jsonrpc": "2.0", "method": "run.signal", "params": map[string]any{"signal": int(s.(syscall.Signal))}}
-			}
-			line, _ := json.Marshal(m)
-			c.Write(append(line, '\n'))
-		}
-	}()
+	_, sized := params["rows"]
+	defer forwardSignals(c, sized)()
 	line, err := bufio.NewReader(c).ReadBytes('\n')
 	restore()
 	if err != nil {
 		return fail("the daemon closed the connection before the command ended: %v", err)
+	}
+	return runAnswer(line, stderr)
+}
+
+// runAnswer turns the daemon's answer into condfs run's exit status.
+func runAnswer(line []byte, stderr io.Writer) error {
+	fail := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, "condfs run: "+format+"\n", a...)
+		return exitError{exitRunFailed}
 	}
 	var resp struct {
 		Result *struct {

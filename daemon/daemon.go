@@ -12,7 +12,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -531,183 +533,225 @@ func decodeParams(raw json.RawMessage, v any) *control.Error {
 }
 
 // handle dispatches one control method.
+// methodFunc serves one control method.
+type methodFunc func(d *Daemon, ctx context.Context, params json.RawMessage) (any, *control.Error)
+
+// methodTable is the control socket's methods (docs/control.md); each
+// m-prefixed method serves the one it is named for.
+var methodTable = map[string]methodFunc{
+	"session.open":   (*Daemon).mSessionOpen,
+	"session.close":  (*Daemon).mSessionClose,
+	"session.list":   (*Daemon).mSessionList,
+	"context.set":    (*Daemon).mContextSet,
+	"context.get":    (*Daemon).mContextGet,
+	"blocks.list":    (*Daemon).mBlocksList,
+	"path.check":     (*Daemon).mPathCheck,
+	"tool.decide":    (*Daemon).decide,
+	"run":            (*Daemon).run,
+	"tools.callable": (*Daemon).mToolsCallable,
+	"config.reload":  (*Daemon).mConfigReload,
+	"status":         (*Daemon).mStatus,
+}
+
 func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessage) (any, *control.Error) {
-	switch method {
-	case "session.open":
-		var p struct {
-			ID        string          `json:"id"`
-			Mount     string          `json:"mount"`
-			Context   json.RawMessage `json:"context"`
-			Owner     *uint32         `json:"owner"`
-			AllowUIDs []uint32        `json:"allow_uids"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		set, err := cctx.Parse(p.Context)
-		if err != nil {
-			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
-		}
-		peer, known := control.PeerUID(ctx)
-		if !known {
-			peer = uint32(os.Geteuid())
-		}
-		r := openRequest{peer: peer, id: p.ID, mount: p.Mount, atoms: set, owner: peer, allowUIDs: p.AllowUIDs}
-		if p.Owner != nil || len(p.AllowUIDs) > 0 {
-			if !privileged(peer) {
-				return nil, control.Errorf(control.CodeForbidden, "only root or the daemon's uid may name an owner or let other uids in")
-			}
-			if p.Owner != nil {
-				r.owner = *p.Owner
-			}
-		}
-		v, cerr := d.OpenSession(r)
-		if cerr != nil {
-			return nil, cerr
-		}
-		return map[string]any{"id": p.ID, "mount": v.Mountpoint(), "atoms": set.Atoms()}, nil
-	case "session.close":
-		var p struct {
-			ID string `json:"id"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		if _, err := d.session(ctx, p.ID); err != nil {
-			return nil, err
-		}
-		if err := d.closeSession(p.ID); err != nil {
-			return nil, control.Errorf(control.CodeMount, "unmount: %v", err)
-		}
-		return struct{}{}, nil
-	case "session.list":
-		return map[string]any{"sessions": d.sessionList(ctx)}, nil
-	case "context.set":
-		var p struct {
-			Session string          `json:"session"`
-			Context json.RawMessage `json:"context"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		s, cerr := d.session(ctx, p.Session)
-		if cerr != nil {
-			return nil, cerr
-		}
-		set, err := cctx.Parse(p.Context)
-		if err != nil {
-			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
-		}
-		// One switch at a time per session, so that the saved context is
-		// the one in force.
-		s.switchMu.Lock()
-		defer s.switchMu.Unlock()
-		start := time.Now()
-		d.saveSession(s, set)
-		if err := s.view.SetContext(set); err != nil {
-			return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
-		}
-		d.allowRuns(s, d.conditions.Load(), set)
-		d.metrics.ContextSwitch(time.Since(start))
-		d.log.Info("context set", "session", s.id, "atoms", set.Atoms())
-		return map[string]any{"atoms": set.Atoms()}, nil
-	case "context.get":
-		var p struct {
-			Session string `json:"session"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		s, cerr := d.session(ctx, p.Session)
-		if cerr != nil {
-			return nil, cerr
-		}
-		return map[string]any{"atoms": s.view.Context().Atoms()}, nil
-	case "blocks.list":
-		var p struct {
-			Session string          `json:"session"`
-			Context json.RawMessage `json:"context"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		set, cerr := d.contextOf(ctx, p.Session, p.Context)
-		if cerr != nil {
-			return nil, cerr
-		}
-		blocks, errs := d.conditions.Load().Blocks(d.cfg.BlocksDir, set)
-		return map[string]any{"blocks": blocks, "errors": errs}, nil
-	case "path.check":
-		var p struct {
-			Session string          `json:"session"`
-			Context json.RawMessage `json:"context"`
-			Space   string          `json:"space"`
-			Path    *string         `json:"path"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		set, cerr := d.contextOf(ctx, p.Session, p.Context)
-		if cerr != nil {
-			return nil, cerr
-		}
-		sp, err := acl.ParseRuleSpace(p.Space)
-		if err != nil {
-			return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
-		}
-		if p.Path == nil {
-			return nil, control.Errorf(control.CodeInvalidParams, "path is required")
-		}
-		var ex acl.Explanation
-		if cfg := d.conditions.Load(); sp == acl.Exec {
-			// What a run in this context may execute: binaries and the exec rules.
-			ex, err = cfg.ExplainExec(*p.Path, set)
-		} else {
-			ex, err = cfg.ExplainView(sp, *p.Path, set)
-		}
-		if err != nil {
-			return nil, control.Errorf(control.CodeInvalidParams, "path: %v", err)
-		}
-		if ex.Decision == "deny" {
-			d.auditPath(p.Session, set, sp, ex.Path, "check")
-		}
-		return ex, nil
-	case "tool.decide":
-		return d.decide(ctx, params)
-	case "run":
-		return d.run(ctx, params)
-	case "tools.callable":
-		// Which of these tools could the roles ever call (a gateway leaves
-		// the others out of a listing)? Constraints are not evaluated.
-		var p struct {
-			Roles []string `json:"roles"`
-			Tools []string `json:"tools"`
-		}
-		if err := decodeParams(params, &p); err != nil {
-			return nil, err
-		}
-		if len(p.Roles) > constraints.MaxRoles || len(p.Tools) > 10000 {
-			return nil, control.Errorf(control.CodeInvalidParams, "at most %d roles and 10000 tools", constraints.MaxRoles)
-		}
-		pol := d.policy.Load()
-		callable := []string{}
-		for _, t := range p.Tools {
-			if pol.MayCall(p.Roles, t) {
-				callable = append(callable, t)
-			}
-		}
-		return map[string]any{"callable": callable}, nil
-	case "config.reload":
-		return d.Reload(true), nil
-	case "status":
-		restore := d.restoreErrors
-		if restore == nil {
-			restore = []string{}
-		}
-		return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
-			"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.warm.status()}, nil
+	if m, ok := methodTable[method]; ok {
+		return m(d, ctx, params)
 	}
-	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (see spec/control.md: session.open, session.close, session.list, context.set, context.get, blocks.list, path.check, tool.decide, tools.callable, config.reload, status)", method)
+	names := make([]string, 0, len(methodTable))
+	for n := range methodTable {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return nil, control.Errorf(control.CodeMethodNotFound, "unknown method %q (docs/control.md: %s)", method, strings.Join(names, ", "))
+}
+
+func (d *Daemon) mSessionOpen(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		ID        string          `json:"id"`
+		Mount     string          `json:"mount"`
+		Context   json.RawMessage `json:"context"`
+		Owner     *uint32         `json:"owner"`
+		AllowUIDs []uint32        `json:"allow_uids"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	set, err := cctx.Parse(p.Context)
+	if err != nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
+	}
+	peer, known := control.PeerUID(ctx)
+	if !known {
+		peer = uint32(os.Geteuid())
+	}
+	r := openRequest{peer: peer, id: p.ID, mount: p.Mount, atoms: set, owner: peer, allowUIDs: p.AllowUIDs}
+	if p.Owner != nil || len(p.AllowUIDs) > 0 {
+		if !privileged(peer) {
+			return nil, control.Errorf(control.CodeForbidden, "only root or the daemon's uid may name an owner or let other uids in")
+		}
+		if p.Owner != nil {
+			r.owner = *p.Owner
+		}
+	}
+	v, cerr := d.OpenSession(r)
+	if cerr != nil {
+		return nil, cerr
+	}
+	return map[string]any{"id": p.ID, "mount": v.Mountpoint(), "atoms": set.Atoms()}, nil
+}
+
+func (d *Daemon) mSessionClose(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		ID string `json:"id"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if _, err := d.session(ctx, p.ID); err != nil {
+		return nil, err
+	}
+	if err := d.closeSession(p.ID); err != nil {
+		return nil, control.Errorf(control.CodeMount, "unmount: %v", err)
+	}
+	return struct{}{}, nil
+}
+
+func (d *Daemon) mSessionList(ctx context.Context, _ json.RawMessage) (any, *control.Error) {
+	return map[string]any{"sessions": d.sessionList(ctx)}, nil
+}
+
+func (d *Daemon) mContextSet(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string          `json:"session"`
+		Context json.RawMessage `json:"context"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	s, cerr := d.session(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	set, err := cctx.Parse(p.Context)
+	if err != nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
+	}
+	// One switch at a time per session, so that the saved context is
+	// the one in force.
+	s.switchMu.Lock()
+	defer s.switchMu.Unlock()
+	start := time.Now()
+	d.saveSession(s, set)
+	if err := s.view.SetContext(set); err != nil {
+		return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
+	}
+	d.allowRuns(s, d.conditions.Load(), set)
+	d.metrics.ContextSwitch(time.Since(start))
+	d.log.Info("context set", "session", s.id, "atoms", set.Atoms())
+	return map[string]any{"atoms": set.Atoms()}, nil
+}
+
+func (d *Daemon) mContextGet(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string `json:"session"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	s, cerr := d.session(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	return map[string]any{"atoms": s.view.Context().Atoms()}, nil
+}
+
+func (d *Daemon) mBlocksList(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string          `json:"session"`
+		Context json.RawMessage `json:"context"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	set, cerr := d.contextOf(ctx, p.Session, p.Context)
+	if cerr != nil {
+		return nil, cerr
+	}
+	blocks, errs := d.conditions.Load().Blocks(d.cfg.BlocksDir, set)
+	return map[string]any{"blocks": blocks, "errors": errs}, nil
+}
+
+func (d *Daemon) mPathCheck(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string          `json:"session"`
+		Context json.RawMessage `json:"context"`
+		Space   string          `json:"space"`
+		Path    *string         `json:"path"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	set, cerr := d.contextOf(ctx, p.Session, p.Context)
+	if cerr != nil {
+		return nil, cerr
+	}
+	sp, err := acl.ParseRuleSpace(p.Space)
+	if err != nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "%v", err)
+	}
+	if p.Path == nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "path is required")
+	}
+	var ex acl.Explanation
+	if cfg := d.conditions.Load(); sp == acl.Exec {
+		// What a run in this context may execute: binaries and the exec rules.
+		ex, err = cfg.ExplainExec(*p.Path, set)
+	} else {
+		ex, err = cfg.ExplainView(sp, *p.Path, set)
+	}
+	if err != nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "path: %v", err)
+	}
+	if ex.Decision == "deny" {
+		d.auditPath(p.Session, set, sp, ex.Path, "check")
+	}
+	return ex, nil
+}
+
+func (d *Daemon) mToolsCallable(_ context.Context, params json.RawMessage) (any, *control.Error) {
+	// Which of these tools could the roles ever call (a gateway leaves
+	// the others out of a listing)? Constraints are not evaluated.
+	var p struct {
+		Roles []string `json:"roles"`
+		Tools []string `json:"tools"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if len(p.Roles) > constraints.MaxRoles || len(p.Tools) > 10000 {
+		return nil, control.Errorf(control.CodeInvalidParams, "at most %d roles and 10000 tools", constraints.MaxRoles)
+	}
+	pol := d.policy.Load()
+	callable := []string{}
+	for _, t := range p.Tools {
+		if pol.MayCall(p.Roles, t) {
+			callable = append(callable, t)
+		}
+	}
+	return map[string]any{"callable": callable}, nil
+}
+
+func (d *Daemon) mConfigReload(_ context.Context, _ json.RawMessage) (any, *control.Error) {
+	return d.Reload(true), nil
+}
+
+func (d *Daemon) mStatus(ctx context.Context, _ json.RawMessage) (any, *control.Error) {
+	restore := d.restoreErrors
+	if restore == nil {
+		restore = []string{}
+	}
+	return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
+		"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.warm.status()}, nil
 }
 
 // contextOf gives the context of a session, or an explicit one.

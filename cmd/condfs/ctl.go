@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -41,14 +42,15 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 	fs.SetInterspersed(true)
 	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
 	asJSON := fs.Bool("json", false, "print the raw JSON result")
-	atoms := fs.StringArray("context", nil, "a context atom, or one JSON context; repeat")
-	session := fs.String("session", "", "the session (decide)")
-	roles := fs.StringArray("role", nil, "a caller role (decide); repeat")
-	tool := fs.String("tool", "", "the tool (decide)")
-	argsJSON := fs.String("args", "{}", "the call's arguments, a JSON object (decide)")
-	ctxJSON := fs.String("ctx", "", "caller attributes, a JSON object (decide)")
-	owner := fs.Int("owner", -1, "the uid the view serves (open; root or the daemon's uid only)")
-	letIn := fs.UintSlice("allow-uid", nil, "another uid let into the view (open; root or the daemon's uid only); repeat")
+	a := &ctlArgs{stderr: stderr}
+	fs.StringArrayVar(&a.atoms, "context", nil, "a context atom, or one JSON context; repeat")
+	fs.StringVar(&a.session, "session", "", "the session (decide)")
+	fs.StringArrayVar(&a.roles, "role", nil, "a caller role (decide); repeat")
+	fs.StringVar(&a.tool, "tool", "", "the tool (decide)")
+	fs.StringVar(&a.argsJSON, "args", "{}", "the call's arguments, a JSON object (decide)")
+	fs.StringVar(&a.ctxJSON, "ctx", "", "caller attributes, a JSON object (decide)")
+	fs.IntVar(&a.owner, "owner", -1, "the uid the view serves (open; root or the daemon's uid only)")
+	fs.UintSliceVar(&a.letIn, "allow-uid", nil, "another uid let into the view (open; root or the daemon's uid only); repeat")
 	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage+"\nFlags:\n"+fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -56,174 +58,217 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 		}
 		return exitError{exitUsage}
 	}
-	rest := fs.Args()
-	if len(rest) == 0 {
+	a.rest = fs.Args()
+	if len(a.rest) == 0 {
 		fs.Usage()
 		return exitError{exitUsage}
 	}
-	// Each subcommand takes only its own flags: a flag that would be
-	// ignored (ctl list --tool x) is a usage error, never silence.
-	own := map[string][]string{
-		"open": {"context", "owner", "allow-uid"}, "blocks": {"context"}, "check": {"context"},
-		"decide": {"session", "role", "tool", "args", "ctx"},
+	build, ok := ctlCommands[a.rest[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "condfs ctl: unknown command %q\n\n", a.rest[0])
+		fs.Usage()
+		return exitError{exitUsage}
 	}
+	if bad := foreignFlag(fs, a.rest[0]); bad != "" {
+		fmt.Fprintf(stderr, "condfs ctl %s does not take --%s (see condfs ctl --help)\n", a.rest[0], bad)
+		return exitError{exitUsage}
+	}
+	method, params, err := build(a)
+	if err != nil {
+		return err
+	}
+	return ctlCall(*socket, a.rest[0], method, params, *asJSON, stdout, stderr)
+}
+
+// ctlOwnFlags: each subcommand takes only its own flags (and --socket,
+// --json): a flag that would be ignored (ctl list --tool x) is a usage
+// error, never silence.
+var ctlOwnFlags = map[string][]string{
+	"open": {"context", "owner", "allow-uid"}, "blocks": {"context"}, "check": {"context"},
+	"decide": {"session", "role", "tool", "args", "ctx"},
+}
+
+// foreignFlag names a flag given that cmd does not take, or "".
+func foreignFlag(fs *pflag.FlagSet, cmd string) string {
 	bad := ""
 	fs.Visit(func(f *pflag.Flag) {
-		if f.Name == "socket" || f.Name == "json" || bad != "" {
+		if f.Name == "socket" || f.Name == "json" || bad != "" || slices.Contains(ctlOwnFlags[cmd], f.Name) {
 			return
-		}
-		for _, ok := range own[rest[0]] {
-			if f.Name == ok {
-				return
-			}
 		}
 		bad = f.Name
 	})
-	if bad != "" {
-		fmt.Fprintf(stderr, "condfs ctl %s does not take --%s (see condfs ctl --help)\n", rest[0], bad)
+	return bad
+}
+
+// ctlArgs is a ctl command line: its words and flags.
+type ctlArgs struct {
+	rest                             []string
+	atoms, roles                     []string
+	session, tool, argsJSON, ctxJSON string
+	owner                            int
+	letIn                            []uint
+	stderr                           io.Writer
+}
+
+func (a *ctlArgs) need(n int, form string) error {
+	if len(a.rest) != n {
+		fmt.Fprintf(a.stderr, "condfs ctl: usage: condfs ctl %s\n", form)
 		return exitError{exitUsage}
 	}
-	need := func(n int, form string) error {
-		if len(rest) != n {
-			fmt.Fprintf(stderr, "condfs ctl: usage: condfs ctl %s\n", form)
-			return exitError{exitUsage}
-		}
-		return nil
-	}
-	ctxParam := func() (json.RawMessage, error) {
-		set, err := parseContextFlags(*atoms)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(set.Atoms())
-	}
-	var method string
-	var params any = map[string]any{}
-	switch rest[0] {
-	case "open":
-		if err := need(3, "open ID MOUNT --context ATOM..."); err != nil {
-			return err
-		}
-		c, err := ctxParam()
-		if err != nil {
-			return fmt.Errorf("%v", err)
-		}
-		mnt, err := filepath.Abs(rest[2])
-		if err != nil {
-			return fmt.Errorf("mountpoint %s: %v", rest[2], err)
-		}
-		p := map[string]any{"id": rest[1], "mount": mnt, "context": c}
-		if *owner >= 0 {
-			p["owner"] = *owner
-		}
-		if len(*letIn) > 0 {
-			p["allow_uids"] = *letIn
-		}
-		method, params = "session.open", p
-	case "close":
-		if err := need(2, "close ID"); err != nil {
-			return err
-		}
-		method, params = "session.close", map[string]any{"id": rest[1]}
-	case "list":
-		method = "session.list"
-	case "context":
-		if len(rest) < 2 {
-			return need(2, "context ID [ATOM... | JSON]")
-		}
-		if len(rest) == 2 {
-			method, params = "context.get", map[string]any{"session": rest[1]}
-			break
-		}
-		set, err := parseContextFlags(rest[2:])
-		if err != nil {
-			return err
-		}
-		method, params = "context.set", map[string]any{"session": rest[1], "context": set.Atoms()}
-	case "blocks":
-		p := map[string]any{}
-		if len(rest) == 2 {
-			p["session"] = rest[1]
-		} else {
-			c, err := ctxParam()
-			if err != nil {
-				return err
-			}
-			p["context"] = c
-		}
-		method, params = "blocks.list", p
-	case "check":
-		p := map[string]any{}
-		switch len(rest) {
-		case 4:
-			p["session"], p["space"], p["path"] = rest[1], rest[2], rest[3]
-		case 3:
-			c, err := ctxParam()
-			if err != nil {
-				return err
-			}
-			p["context"], p["space"], p["path"] = c, rest[1], rest[2]
-		default:
-			return need(4, "check (ID | --context ATOM...) SPACE PATH")
-		}
-		method, params = "path.check", p
-	case "decide":
-		if *tool == "" {
-			fmt.Fprintln(stderr, "condfs ctl decide: --tool is required")
-			return exitError{exitUsage}
-		}
-		p := map[string]any{"tool": *tool, "args": json.RawMessage(*argsJSON)}
-		if !json.Valid([]byte(*argsJSON)) {
-			return fmt.Errorf("--args is not valid JSON")
-		}
-		if *ctxJSON != "" {
-			if !json.Valid([]byte(*ctxJSON)) {
-				return fmt.Errorf("--ctx is not valid JSON")
-			}
-			p["ctx"] = json.RawMessage(*ctxJSON)
-		}
-		if *session != "" {
-			p["session"] = *session
-		}
-		if len(*roles) > 0 {
-			p["roles"] = *roles
-		}
-		method, params = "tool.decide", p
-	case "reload":
-		method = "config.reload"
-	case "status":
-		method = "status"
-	case "call":
-		if len(rest) < 2 || len(rest) > 3 {
-			return need(3, "call METHOD [PARAMS-JSON]")
-		}
-		method = rest[1]
-		if len(rest) == 3 {
-			if !json.Valid([]byte(rest[2])) {
-				return fmt.Errorf("params are not valid JSON")
-			}
-			params = json.RawMessage(rest[2])
-		}
-	default:
-		fmt.Fprintf(stderr, "condfs ctl: unknown command %q\n\n", rest[0])
-		fs.Usage()
-		return exitError{exitUsage}
-	}
-	c, err := control.Dial(*socket)
+	return nil
+}
+
+func (a *ctlArgs) ctxParam() (json.RawMessage, error) {
+	set, err := parseContextFlags(a.atoms)
 	if err != nil {
-		return fmt.Errorf("cannot reach the daemon at %s: %v (is condfs serve running? pass --socket or set CONDFS_SOCKET)", *socket, err)
+		return nil, err
+	}
+	return json.Marshal(set.Atoms())
+}
+
+// ctlCommands turn each ctl command into its method and params.
+var ctlCommands = map[string]func(a *ctlArgs) (method string, params any, err error){
+	"open":    ctlOpen,
+	"close":   ctlClose,
+	"list":    func(*ctlArgs) (string, any, error) { return "session.list", map[string]any{}, nil },
+	"context": ctlContext,
+	"blocks":  ctlBlocks,
+	"check":   ctlCheck,
+	"decide":  ctlDecide,
+	"reload":  func(*ctlArgs) (string, any, error) { return "config.reload", map[string]any{}, nil },
+	"status":  func(*ctlArgs) (string, any, error) { return "status", map[string]any{}, nil },
+	"call":    ctlRawCall,
+}
+
+func ctlOpen(a *ctlArgs) (string, any, error) {
+	if err := a.need(3, "open ID MOUNT --context ATOM..."); err != nil {
+		return "", nil, err
+	}
+	c, err := a.ctxParam()
+	if err != nil {
+		return "", nil, fmt.Errorf("%v", err)
+	}
+	mnt, err := filepath.Abs(a.rest[2])
+	if err != nil {
+		return "", nil, fmt.Errorf("mountpoint %s: %v", a.rest[2], err)
+	}
+	p := map[string]any{"id": a.rest[1], "mount": mnt, "context": c}
+	if a.owner >= 0 {
+		p["owner"] = a.owner
+	}
+	if len(a.letIn) > 0 {
+		p["allow_uids"] = a.letIn
+	}
+	return "session.open", p, nil
+}
+
+func ctlClose(a *ctlArgs) (string, any, error) {
+	if err := a.need(2, "close ID"); err != nil {
+		return "", nil, err
+	}
+	return "session.close", map[string]any{"id": a.rest[1]}, nil
+}
+
+func ctlContext(a *ctlArgs) (string, any, error) {
+	if len(a.rest) < 2 {
+		return "", nil, a.need(2, "context ID [ATOM... | JSON]")
+	}
+	if len(a.rest) == 2 {
+		return "context.get", map[string]any{"session": a.rest[1]}, nil
+	}
+	set, err := parseContextFlags(a.rest[2:])
+	if err != nil {
+		return "", nil, err
+	}
+	return "context.set", map[string]any{"session": a.rest[1], "context": set.Atoms()}, nil
+}
+
+func ctlBlocks(a *ctlArgs) (string, any, error) {
+	p := map[string]any{}
+	if len(a.rest) == 2 {
+		p["session"] = a.rest[1]
+	} else {
+		c, err := a.ctxParam()
+		if err != nil {
+			return "", nil, err
+		}
+		p["context"] = c
+	}
+	return "blocks.list", p, nil
+}
+
+func ctlCheck(a *ctlArgs) (string, any, error) {
+	p := map[string]any{}
+	switch len(a.rest) {
+	case 4:
+		p["session"], p["space"], p["path"] = a.rest[1], a.rest[2], a.rest[3]
+	case 3:
+		c, err := a.ctxParam()
+		if err != nil {
+			return "", nil, err
+		}
+		p["context"], p["space"], p["path"] = c, a.rest[1], a.rest[2]
+	default:
+		return "", nil, a.need(4, "check (ID | --context ATOM...) SPACE PATH")
+	}
+	return "path.check", p, nil
+}
+
+func ctlDecide(a *ctlArgs) (string, any, error) {
+	if a.tool == "" {
+		fmt.Fprintln(a.stderr, "condfs ctl decide: --tool is required")
+		return "", nil, exitError{exitUsage}
+	}
+	if !json.Valid([]byte(a.argsJSON)) {
+		return "", nil, fmt.Errorf("--args is not valid JSON")
+	}
+	p := map[string]any{"tool": a.tool, "args": json.RawMessage(a.argsJSON)}
+	if a.ctxJSON != "" {
+		if !json.Valid([]byte(a.ctxJSON)) {
+			return "", nil, fmt.Errorf("--ctx is not valid JSON")
+		}
+		p["ctx"] = json.RawMessage(a.ctxJSON)
+	}
+	if a.session != "" {
+		p["session"] = a.session
+	}
+	if len(a.roles) > 0 {
+		p["roles"] = a.roles
+	}
+	return "tool.decide", p, nil
+}
+
+func ctlRawCall(a *ctlArgs) (string, any, error) {
+	if len(a.rest) < 2 || len(a.rest) > 3 {
+		return "", nil, a.need(3, "call METHOD [PARAMS-JSON]")
+	}
+	var params any = map[string]any{}
+	if len(a.rest) == 3 {
+		if !json.Valid([]byte(a.rest[2])) {
+			return "", nil, fmt.Errorf("params are not valid JSON")
+		}
+		params = json.RawMessage(a.rest[2])
+	}
+	return a.rest[1], params, nil
+}
+
+// ctlCall sends one request and prints its result.
+func ctlCall(socket, cmd, method string, params any, asJSON bool, stdout, stderr io.Writer) error {
+	c, err := control.Dial(socket)
+	if err != nil {
+		return fmt.Errorf("cannot reach the daemon at %s: %v (is condfs serve running? pass --socket or set CONDFS_SOCKET)", socket, err)
 	}
 	defer c.Close()
 	var result json.RawMessage
 	if err := c.Call(method, params, &result); err != nil {
 		var rpcErr *control.Error
 		if errors.As(err, &rpcErr) {
-			fmt.Fprintf(stderr, "condfs ctl %s: %s\n", rest[0], rpcErr.Message)
+			fmt.Fprintf(stderr, "condfs ctl %s: %s\n", cmd, rpcErr.Message)
 			return exitError{exitFail}
 		}
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		_, err := fmt.Fprintf(stdout, "%s\n", result)
 		return err
 	}

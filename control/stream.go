@@ -35,6 +35,9 @@ type fdConn struct {
 	oob []byte
 	mu  sync.Mutex
 	fds []int
+	// lost: descriptors came beyond MaxFiles (closed) or were truncated
+	// since the last take
+	lost bool
 }
 
 func newFDConn(c *net.UnixConn, srv *Server, uid uint32) *fdConn {
@@ -42,9 +45,14 @@ func newFDConn(c *net.UnixConn, srv *Server, uid uint32) *fdConn {
 }
 
 func (f *fdConn) Read(p []byte) (int, error) {
-	n, oobn, _, _, err := f.c.ReadMsgUnix(p, f.oob)
+	n, oobn, flags, _, err := f.c.ReadMsgUnix(p, f.oob)
 	if oobn > 0 {
 		f.keep(f.oob[:oobn])
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		f.mu.Lock()
+		f.lost = true
+		f.mu.Unlock()
 	}
 	return max(n, 0), err // recvmsg's -1 on an error is no count
 }
@@ -68,24 +76,27 @@ func (f *fdConn) keep(oob []byte) {
 			if len(f.fds) < MaxFiles {
 				f.fds = append(f.fds, fd)
 			} else {
+				f.lost = true
 				f.srv.release(f.uid, fd)
 			}
 		}
 	}
 }
 
-// take hands over the descriptors kept.
-func (f *fdConn) take() []int {
+// take hands over the descriptors kept, and whether any beyond them were
+// lost.
+func (f *fdConn) take() ([]int, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fds := f.fds
-	f.fds = nil
-	return fds
+	fds, lost := f.fds, f.lost
+	f.fds, f.lost = nil, false
+	return fds, lost
 }
 
 // drop closes what no handler took.
 func (f *fdConn) drop() {
-	for _, fd := range f.take() {
+	fds, _ := f.take()
+	for _, fd := range fds {
 		f.srv.release(f.uid, fd)
 	}
 }
@@ -171,17 +182,20 @@ func dupAndClose(file *os.File) (int, error) {
 type filesKey struct{}
 
 // TakeFiles returns the descriptors the client sent with the request being
-// handled (nil if none), now the caller's to close.
-func TakeFiles(ctx context.Context) []*os.File {
+// handled (nil if none), now the caller's to close, and whether all it sent
+// are there: more than MaxFiles were sent (the rest closed) or some were
+// truncated otherwise. A handler refuses such a request rather than act
+// on a part of what was sent.
+func TakeFiles(ctx context.Context) (files []*os.File, all bool) {
 	f, _ := ctx.Value(filesKey{}).(*fdConn)
 	if f == nil {
-		return nil
+		return nil, true
 	}
-	var files []*os.File
-	for _, fd := range f.take() {
+	fds, lost := f.take()
+	for _, fd := range fds {
 		files = append(files, os.NewFile(uintptr(fd), "passed"))
 	}
-	return files
+	return files, !lost
 }
 
 // Stream is what a Takeover gets: the connection, the reader that has

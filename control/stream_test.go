@@ -44,12 +44,12 @@ func TestPassedFiles(t *testing.T) {
 		if method != "take" {
 			return map[string]string{}, nil
 		}
-		files := TakeFiles(ctx)
+		files, all := TakeFiles(ctx)
 		for _, f := range files {
 			f.WriteString("written by the daemon\n")
 			f.Close()
 		}
-		return map[string]int{"files": len(files)}, nil
+		return map[string]any{"files": len(files), "all": all}, nil
 	}
 	s := serve(t, Options{Group: -1, Handler: handler})
 	before := openFDs(t)
@@ -75,7 +75,8 @@ func TestPassedFiles(t *testing.T) {
 		}
 	}()
 	sendWithFiles(t, c, `{"jsonrpc":"2.0","id":1,"method":"take"}`, pipes...)
-	if got, _ := r.ReadString('\n'); !strings.Contains(got, `"files":3`) {
+	// Five sent: three kept, and the handler learns that some were lost.
+	if got, _ := r.ReadString('\n'); !strings.Contains(got, `"files":3`) || !strings.Contains(got, `"all":false`) {
 		t.Fatalf("take: %s", got)
 	}
 	// Descriptors sent with a request whose handler takes none.

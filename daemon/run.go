@@ -143,7 +143,7 @@ func runError(format string, a ...any) *control.Error {
 }
 
 func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control.Error) {
-	files := control.TakeFiles(ctx)
+	files, all := control.TakeFiles(ctx)
 	keep := false
 	defer func() {
 		if !keep {
@@ -160,8 +160,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if cerr != nil {
 		return nil, cerr
 	}
-	if len(files) != 3 {
-		return nil, runError("run needs the caller's stdin, stdout and stderr passed with the request (SCM_RIGHTS); got %d descriptors", len(files))
+	if len(files) != 3 || !all {
+		return nil, runError("run needs exactly the caller's stdin, stdout and stderr passed with the request (SCM_RIGHTS); got %d descriptors or more", len(files))
 	}
 	for i, f := range files {
 		if err := stdioOK(f); err != nil {
@@ -410,23 +410,61 @@ func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duratio
 }
 
 // stdioOK refuses a descriptor that would hand the command more than a
-// stream: a directory or an O_PATH descriptor it could walk from.
+// stream of the caller's: only a regular file, a character device, a pipe
+// or a socket may be stdio, never a directory, an O_PATH descriptor or an
+// anonymous inode (a pidfd, an epoll or io_uring instance, an eventfd), and
+// never a connection to this daemon (a second connection to the control
+// socket passed as stdin gave the command the caller's whole control
+// authority: context.set from inside the run).
 func stdioOK(f *os.File) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return err
-	}
-	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		return errors.New("a directory cannot be stdio")
-	}
-	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	fd := int(f.Fd())
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
 	if err != nil {
 		return err
 	}
 	if fl&unix.O_PATH != 0 {
 		return errors.New("an O_PATH descriptor cannot be stdio")
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFCHR, unix.S_IFIFO, unix.S_IFSOCK:
+	case unix.S_IFDIR:
+		return errors.New("a directory cannot be stdio")
+	default:
+		return fmt.Errorf("a descriptor of type %#o cannot be stdio", st.Mode&unix.S_IFMT)
+	}
+	// Anonymous inodes may show a file type of their own (pidfs files
+	// are S_IFREG): their /proc name says what they are.
+	if name, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); err != nil {
+		return fmt.Errorf("what the descriptor is: %w", err)
+	} else if strings.HasPrefix(name, "anon_inode:") || strings.HasPrefix(name, "pidfd:") {
+		return fmt.Errorf("%s cannot be stdio", name)
+	} else if st.Mode&unix.S_IFMT == unix.S_IFREG && (!strings.HasPrefix(name, "/") || internalFile(name)) {
+		// A memfd lives on a mount Landlock does not govern: given as
+		// stdio, the command could execve it (fexecve).
+		return fmt.Errorf("%s (a file of no filesystem's tree) cannot be stdio", name)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+		if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil && dom == unix.AF_UNIX {
+			if cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil && int(cred.Pid) == os.Getpid() {
+				return errors.New("a connection to condfs itself cannot be stdio")
+			}
+		}
+	}
 	return nil
+}
+
+// internalFile: a /proc fd name of a file on a kernel-internal mount.
+func internalFile(name string) bool {
+	for _, p := range []string{"/memfd:", "/secretmem", "/dmabuf:", "/SYSV"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkCwd: the working directory is /workspace or /memories or below, and

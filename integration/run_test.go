@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -290,5 +291,37 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	}
 	if out, code := run("cat", "/memories/pub.md"); code != 126 {
 		t.Fatalf("guild cat: exit %d %q, want 126", code, out)
+	}
+}
+
+// TestAttackRunStdio: what a client passes as a run's stdio is a stream of
+// its own, never more. A second connection to the control socket passed as
+// stdin let the command call context.set from inside the run (from a guild
+// into a DM, then read the DM's private file): found by an attacker's
+// review, now refused (125) with nothing run, as are a pidfd, an epoll
+// instance, a memfd (Landlock does not govern its mount: fexecve) and a
+// fourth descriptor beside the three.
+func TestAttackRunStdio(t *testing.T) {
+	d, _ := runHome(t)
+	d.setContext("s", guildCtx)
+	const script = `printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"context.set","params":{"session":"s","context":["discord:dm","discord:dm:7"]}}' >&0; sleep 0.3; echo ran > /workspace/ran; cat /memories/private/p.md`
+	for _, kind := range []string{"ctl", "pidfd", "epoll", "memfd", "four"} {
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "runstdio", d.socket, "s", kind, script)
+		out, _ := cmd.CombinedOutput()
+		if !strings.Contains(string(out), `"code":-32010`) && !strings.Contains(string(out), "cannot be stdio") && !strings.Contains(string(out), "descriptors") {
+			t.Errorf("%s as stdio: %s", kind, out)
+		}
+		if strings.Contains(string(out), "dm secret") {
+			t.Errorf("%s as stdio: the command read the DM's file", kind)
+		}
+		if _, err := os.Stat(d.home.path("workspace/ran")); err == nil {
+			t.Errorf("%s as stdio: the command ran", kind)
+			os.Remove(d.home.path("workspace/ran"))
+		}
+	}
+	var ctxNow struct{ Atoms []string }
+	d.call("context.get", map[string]any{"session": "s"}, &ctxNow)
+	if slices.Contains(ctxNow.Atoms, "discord:dm") || len(ctxNow.Atoms) != len(guildCtx) {
+		t.Errorf("the context was changed from inside a run: %v", ctxNow.Atoms)
 	}
 }

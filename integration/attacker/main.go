@@ -74,6 +74,8 @@ func main() {
 				fmt.Printf("read %q\n", buf[:n])
 			}
 		}
+	case "runstdio": // runstdio SOCKET SESSION KIND SCRIPT (runstdio.go)
+		runStdio(p, os.Args[3], os.Args[4], os.Args[5])
 	case "mmap": // map MAP_SHARED and close the fd, then on each line of stdin read the mapping
 		mapped(p)
 	case "lock": // N waiters for an exclusive lock: lock PATH flock|posix|ofd N (lock.go)

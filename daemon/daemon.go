@@ -151,6 +151,9 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Debounce == 0 {
 		cfg.Debounce = 50 * time.Millisecond
 	}
+	if cfg.MountRoot == "" {
+		cfg.MountRoot = "/run/condfs/views"
+	}
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, audit: cfg.Audit,
 		conditions: newConditions(cfg.Conditions),
@@ -173,46 +176,74 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("backing directory %s: must exist and be a directory", dir)
 		}
 	}
-	if cfg.MountRoot == "" {
-		cfg.MountRoot = "/run/condfs/views"
-		d.cfg.MountRoot = cfg.MountRoot
-	}
 	d.denials.init()
 	// Before anything is mounted or restored: a second daemon on the
 	// same socket must leave the first one's mounts and state alone.
 	if err := control.Live(cfg.Socket); err != nil {
 		return nil, err
 	}
+	// One cleanup stack: whatever step fails, everything started before
+	// it is stopped, in reverse order.
+	var undo []func()
+	started := false
+	defer func() {
+		for i := len(undo) - 1; i >= 0 && !started; i-- {
+			undo[i]()
+		}
+	}()
+	if err := d.startParts(&undo); err != nil {
+		return nil, err
+	}
+	srv, err := control.Listen(control.Options{
+		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
+		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns, MaxConnsPerUID: cfg.MaxConnsPerUID,
+		OnConn: d.metrics.Conn, OnError: d.metrics.SocketError,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.server = srv
+	undo = append(undo, func() { srv.Close() })
+	stop, err := d.watch()
+	if err != nil {
+		return nil, err
+	}
+	d.stopWatch = stop
+	started = true
+	return d, nil
+}
+
+// startParts starts the metrics server, the watcher, the hub and the
+// sessions (the first one, those restored), pushing on undo what stops
+// each.
+func (d *Daemon) startParts(undo *[]func()) error {
+	cfg := d.cfg
 	if cfg.Metrics != "" {
 		d.metrics = metrics.New(d.openSessions, d.panics)
 		d.metrics.RegisterConfig("conditions", d.conditions.genAndTime)
 		d.metrics.RegisterConfig("policy", d.policy.genAndTime)
 		stop, err := d.metrics.Serve(context.Background(), cfg.Metrics, d.log)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		d.stopMetrics = stop
-		started := false
-		defer func() {
-			if !started {
-				stop()
-			}
-		}()
-		defer func() { started = d.server != nil && d.stopWatch != nil }()
+		*undo = append(*undo, func() { stop(); d.stopMetrics = nil })
 	}
 	if cfg.CacheTTL > time.Second {
 		w, err := fsys.NewWatcher(cfg.CacheTTL, d.log)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		d.watcher = w
+		*undo = append(*undo, func() { w.Close(); d.watcher = nil })
 	}
 	if cfg.HubDir != "" {
 		h, err := fsys.NewHub(fsys.HubOptions{Dir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver()})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		d.hub = h
+		*undo = append(*undo, func() { d.closeHub() })
 	}
 	RaiseFileLimit()
 	if n := FitThreadLimit(); n > 0 {
@@ -221,11 +252,11 @@ func New(cfg Config) (*Daemon, error) {
 	if d.cfg.MaxSessions <= 0 {
 		d.cfg.MaxSessions = DefaultMaxSessions(d.hub != nil)
 	}
+	*undo = append(*undo, func() { d.closeSessions() })
 	if cfg.FirstMount != "" {
 		self := uint32(os.Geteuid())
 		if _, cerr := d.OpenSession(openRequest{peer: self, id: "default", mount: cfg.FirstMount, atoms: cfg.FirstContext, owner: self}); cerr != nil {
-			d.closeHub()
-			return nil, fmt.Errorf("first session: %s", cerr.Message)
+			return fmt.Errorf("first session: %s", cerr.Message)
 		}
 	}
 	d.restoreState()
@@ -237,24 +268,7 @@ func New(cfg Config) (*Daemon, error) {
 		// taken before they have.
 		time.Sleep(fsys.DefaultAttrTimeout)
 	}
-	srv, err := control.Listen(control.Options{
-		Path: cfg.Socket, Mode: cfg.SocketMode, Group: cfg.SocketGroup, AllowUIDs: cfg.AllowUIDs,
-		Handler: d.handle, Logger: d.log, MaxConns: cfg.MaxConns, MaxConnsPerUID: cfg.MaxConnsPerUID,
-		OnConn: d.metrics.Conn, OnError: d.metrics.SocketError,
-	})
-	if err != nil {
-		d.closeAll()
-		return nil, err
-	}
-	d.server = srv
-	stop, err := d.watch()
-	if err != nil {
-		srv.Close()
-		d.closeAll()
-		return nil, err
-	}
-	d.stopWatch = stop
-	return d, nil
+	return nil
 }
 
 // Serve serves the control socket until Close.
@@ -280,20 +294,25 @@ func (d *Daemon) Close() error {
 
 // closeAll unmounts every view, then the hub.
 func (d *Daemon) closeAll() error {
-	var errs []error
+	errs := []error{d.closeSessions(), d.closeHub()}
+	if d.watcher != nil {
+		errs = append(errs, d.watcher.Close())
+		d.watcher = nil
+	}
+	return errors.Join(errs...)
+}
+
+// closeSessions closes every session.
+func (d *Daemon) closeSessions() error {
 	d.mu.Lock()
 	ids := make([]string, 0, len(d.sessions))
 	for id := range d.sessions {
 		ids = append(ids, id)
 	}
 	d.mu.Unlock()
+	var errs []error
 	for _, id := range ids {
 		errs = append(errs, d.closeSession(id))
-	}
-	errs = append(errs, d.closeHub())
-	if d.watcher != nil {
-		errs = append(errs, d.watcher.Close())
-		d.watcher = nil
 	}
 	return errors.Join(errs...)
 }

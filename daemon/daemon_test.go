@@ -254,3 +254,36 @@ func TestDefaultMaxSessionsFits(t *testing.T) {
 		t.Fatalf("DefaultMaxSessions under 20,000 descriptors: %d, want >= 10,000", n)
 	}
 }
+
+// TestStartFailureStopsEverything: when a step of New fails (here the first
+// session's mountpoint is a file), everything started before it stops: the
+// metrics socket is gone, no descriptor is left open, and no goroutine of
+// the watcher outlives it (goleak, at the end of the package's tests). The
+// watcher was left running when the hub or the first session failed.
+func TestStartFailureStopsEverything(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"config", "memories", "workspace", "blocks"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	notDir := filepath.Join(root, "file")
+	os.WriteFile(notDir, nil, 0o644)
+	fds := func() int { ents, _ := os.ReadDir("/proc/self/fd"); return len(ents) }
+	before := fds()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	metricsSock := filepath.Join(root, "metrics.sock")
+	_, err := New(Config{
+		Conditions: filepath.Join(root, "config/conditions.toml"), Policy: filepath.Join(root, "config/policy.yaml"),
+		BlocksDir: filepath.Join(root, "blocks"), Memories: filepath.Join(root, "memories"), Workspace: filepath.Join(root, "workspace"),
+		Socket: filepath.Join(root, "run/condfs.sock"), SocketGroup: -1, Logger: quiet,
+		Metrics: metricsSock, CacheTTL: 2 * time.Second, FirstMount: notDir,
+	})
+	if err == nil || !strings.Contains(err.Error(), "first session") {
+		t.Fatalf("New with a file as the first mountpoint: %v", err)
+	}
+	if _, err := os.Stat(metricsSock); err == nil {
+		t.Error("the metrics socket outlived a failed start")
+	}
+	if after := fds(); after != before {
+		t.Errorf("%d descriptors open after a failed start, %d before", after, before)
+	}
+}

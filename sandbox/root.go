@@ -239,7 +239,6 @@ func buildRoot(is *initSpec) (*allowState, error) {
 	if err != nil {
 		return nil, step("read host", err)
 	}
-
 	// Clone every host tree the root shows while the host is visible.
 	clones := map[string]int{}
 	defer func() {
@@ -247,42 +246,8 @@ func buildRoot(is *initSpec) (*allowState, error) {
 			unix.Close(fd)
 		}
 	}()
-	clone := func(key, path string, attrs uint64) error {
-		fd, err := cloneTree(path, attrs)
-		if err != nil {
-			return err
-		}
-		clones[key] = fd
-		return nil
-	}
-	if err := clone("/usr", "/usr", attrRO); err != nil {
-		return nil, step("clone host", err)
-	}
-	for _, d := range h.libs {
-		if err := clone(d, d, attrRO); err != nil {
-			return nil, step("clone host", err)
-		}
-	}
-	for _, d := range h.etcDirs {
-		if err := clone("/etc/"+d, "/etc/"+d, attrRO); err != nil {
-			return nil, step("clone host", err)
-		}
-	}
-	for _, n := range devNodes {
-		if _, err := os.Stat("/dev/" + n); err != nil {
-			continue
-		}
-		if err := clone("/dev/"+n, "/dev/"+n, attrDevNode); err != nil {
-			return nil, step("clone host", err)
-		}
-	}
-	// The view admits its owner (and uids it lets in), not root: the
-	// init reaches it as the owner.
-	if err := asOwner(s, func() error { return clone("/workspace", s.Workspace, attrData) }); err != nil {
-		return nil, step("clone workspace", err)
-	}
-	if err := asOwner(s, func() error { return clone("/memories", s.Memories, attrData) }); err != nil {
-		return nil, step("clone memories", err)
+	if err := cloneHost(s, h, clones); err != nil {
+		return nil, err
 	}
 	al, err := newAllowState(is.Entries, h)
 	if err != nil {
@@ -294,72 +259,9 @@ func buildRoot(is *initSpec) (*allowState, error) {
 			al.close()
 		}
 	}()
-
 	n := newRootAt
-	if err := mountTmpfs(n, flagsTmpfs, "mode=0755,size=1m,nr_inodes=4096"); err != nil {
-		return nil, step("new root", err)
-	}
-	mk := func(p string, mode os.FileMode) error { return os.MkdirAll(n+p, mode) }
-	if err := mk("/usr", 0o755); err != nil {
-		return nil, step("/usr", err)
-	}
-	if err := attach(clones["/usr"], n+"/usr"); err != nil {
-		return nil, step("/usr", err)
-	}
-	for d, t := range h.links {
-		if err := os.Symlink(t, n+d); err != nil {
-			return nil, step("links", err)
-		}
-	}
-	for _, d := range h.libs {
-		if err := mk(d, 0o755); err != nil {
-			return nil, step(d, err)
-		}
-		if err := attach(clones[d], n+d); err != nil {
-			return nil, step(d, err)
-		}
-	}
-	for _, d := range h.binDirs {
-		if err := mk(d, 0o755); err != nil {
-			return nil, step(d, err)
-		}
-		if err := mountTmpfs(n+d, flagsTmpfs, "mode=0755,size=256k,nr_inodes=8192"); err != nil {
-			return nil, step(d, err)
-		}
-	}
-	if err := buildEtc(n, h, clones); err != nil {
-		return nil, step("/etc", err)
-	}
-	if err := buildDev(n, clones); err != nil {
-		return nil, step("/dev", err)
-	}
-	if err := mk("/proc", 0o555); err != nil {
-		return nil, step("/proc", err)
-	}
-	if err := unix.Mount("proc", n+"/proc", "proc", flagsTmpfs, ""); err != nil {
-		return nil, step("/proc", err)
-	}
-	if err := buildTmp(n, s.TmpSize); err != nil {
-		return nil, step("/tmp", err)
-	}
-	for _, d := range []string{"/workspace", "/memories"} {
-		if err := mk(d, 0o755); err != nil {
-			return nil, step(d, err)
-		}
-		if err := attach(clones[d], n+d); err != nil {
-			return nil, step(d, err)
-		}
-	}
-	if err := al.placeholders(n); err != nil {
-		return nil, step("binaries", err)
-	}
-	if err := unix.Sethostname([]byte(is.Hostname)); err != nil {
-		return nil, step("hostname", err)
-	}
-	if s.Network != "host" {
-		if err := loopbackUp(); err != nil {
-			return nil, step("loopback", err)
-		}
+	if err := assembleRoot(n, is, h, clones, al); err != nil {
+		return nil, err
 	}
 	if err := pivot(n); err != nil {
 		return nil, step("pivot_root", err)
@@ -379,6 +281,121 @@ func buildRoot(is *initSpec) (*allowState, error) {
 	}
 	ok = true
 	return al, nil
+}
+
+// cloneHost takes a detached clone of every host tree the root shows, and
+// of the view, into clones (by the path they take in the root).
+func cloneHost(s Spec, h *hostLayout, clones map[string]int) error {
+	clone := func(key, path string, attrs uint64) error {
+		fd, err := cloneTree(path, attrs)
+		if err != nil {
+			return err
+		}
+		clones[key] = fd
+		return nil
+	}
+	if err := clone("/usr", "/usr", attrRO); err != nil {
+		return step("clone host", err)
+	}
+	for _, d := range h.libs {
+		if err := clone(d, d, attrRO); err != nil {
+			return step("clone host", err)
+		}
+	}
+	for _, d := range h.etcDirs {
+		if err := clone("/etc/"+d, "/etc/"+d, attrRO); err != nil {
+			return step("clone host", err)
+		}
+	}
+	for _, n := range devNodes {
+		if _, err := os.Stat("/dev/" + n); err != nil {
+			continue
+		}
+		if err := clone("/dev/"+n, "/dev/"+n, attrDevNode); err != nil {
+			return step("clone host", err)
+		}
+	}
+	// The view admits its owner (and uids it lets in), not root: the
+	// init reaches it as the owner.
+	if err := asOwner(s, func() error { return clone("/workspace", s.Workspace, attrData) }); err != nil {
+		return step("clone workspace", err)
+	}
+	if err := asOwner(s, func() error { return clone("/memories", s.Memories, attrData) }); err != nil {
+		return step("clone memories", err)
+	}
+	return nil
+}
+
+// assembleRoot builds the run's root in n (a new tmpfs) from the clones,
+// before pivot_root.
+func assembleRoot(n string, is *initSpec, h *hostLayout, clones map[string]int, al *allowState) error {
+	s := is.Spec
+	if err := mountTmpfs(n, flagsTmpfs, "mode=0755,size=1m,nr_inodes=4096"); err != nil {
+		return step("new root", err)
+	}
+	mk := func(p string, mode os.FileMode) error { return os.MkdirAll(n+p, mode) }
+	if err := mk("/usr", 0o755); err != nil {
+		return step("/usr", err)
+	}
+	if err := attach(clones["/usr"], n+"/usr"); err != nil {
+		return step("/usr", err)
+	}
+	for d, t := range h.links {
+		if err := os.Symlink(t, n+d); err != nil {
+			return step("links", err)
+		}
+	}
+	for _, d := range h.libs {
+		if err := mk(d, 0o755); err != nil {
+			return step(d, err)
+		}
+		if err := attach(clones[d], n+d); err != nil {
+			return step(d, err)
+		}
+	}
+	for _, d := range h.binDirs {
+		if err := mk(d, 0o755); err != nil {
+			return step(d, err)
+		}
+		if err := mountTmpfs(n+d, flagsTmpfs, "mode=0755,size=256k,nr_inodes=8192"); err != nil {
+			return step(d, err)
+		}
+	}
+	if err := buildEtc(n, h, clones); err != nil {
+		return step("/etc", err)
+	}
+	if err := buildDev(n, clones); err != nil {
+		return step("/dev", err)
+	}
+	if err := mk("/proc", 0o555); err != nil {
+		return step("/proc", err)
+	}
+	if err := unix.Mount("proc", n+"/proc", "proc", flagsTmpfs, ""); err != nil {
+		return step("/proc", err)
+	}
+	if err := buildTmp(n, s.TmpSize); err != nil {
+		return step("/tmp", err)
+	}
+	for _, d := range []string{"/workspace", "/memories"} {
+		if err := mk(d, 0o755); err != nil {
+			return step(d, err)
+		}
+		if err := attach(clones[d], n+d); err != nil {
+			return step(d, err)
+		}
+	}
+	if err := al.placeholders(n); err != nil {
+		return step("binaries", err)
+	}
+	if err := unix.Sethostname([]byte(is.Hostname)); err != nil {
+		return step("hostname", err)
+	}
+	if s.Network != "host" {
+		if err := loopbackUp(); err != nil {
+			return step("loopback", err)
+		}
+	}
+	return nil
 }
 
 func buildEtc(n string, h *hostLayout, clones map[string]int) error {

@@ -369,12 +369,15 @@ func (s *Server) serveConn(sl *slot) {
 			fc.drop()
 			c.SetReadDeadline(time.Time{})
 			t(ctx, &Stream{Conn: c, R: r, ID: resp.ID, w: w, srv: s, notify: !reply})
-			s.end(sl)
+			s.end(sl, time.Now())
 			return
 		}
 		fc.drop()
+		// Idle from when the answer goes out, not from when the write
+		// returned: the order of idleness is the order clients saw.
+		answered := time.Now()
 		sent := !reply || s.write(c, w, resp)
-		s.end(sl)
+		s.end(sl, answered)
 		if !sent {
 			return
 		}

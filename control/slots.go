@@ -194,10 +194,10 @@ func (s *Server) begin(sl *slot) bool {
 	return true
 }
 
-// end marks sl idle again, from now.
-func (s *Server) end(sl *slot) {
+// end marks sl idle again, since when its answer was sent.
+func (s *Server) end(sl *slot, since time.Time) {
 	s.mu.Lock()
-	sl.busy, sl.idleSince = false, time.Now()
+	sl.busy, sl.idleSince = false, since
 	s.mu.Unlock()
 }
 

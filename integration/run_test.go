@@ -176,15 +176,7 @@ func TestRunLive(t *testing.T) {
 	}
 	// session.close kills the run (137) before the view goes.
 	d.call("session.close", map[string]any{"id": "s"}, nil)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("the run outlived its session")
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 137 {
+	if code := waitExit(t, cmd, "the run outlived its session"); code != 137 {
 		t.Fatalf("after session.close: exit %d, want 137", code)
 	}
 }

@@ -75,7 +75,9 @@ func (p *hostPTY) start(t *testing.T, d *daemon, args ...string) *exec.Cmd {
 	return cmd
 }
 
-func waitExit(t *testing.T, cmd *exec.Cmd) int {
+// waitExit waits (at most 20 s, then kills it and fails with what) for
+// cmd, and returns its exit status.
+func waitExit(t *testing.T, cmd *exec.Cmd, what string) int {
 	t.Helper()
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
@@ -83,7 +85,7 @@ func waitExit(t *testing.T, cmd *exec.Cmd) int {
 	case <-done:
 	case <-time.After(20 * time.Second):
 		cmd.Process.Kill()
-		t.Fatal("condfs run --tty did not end")
+		t.Fatal(what)
 	}
 	return cmd.ProcessState.ExitCode()
 }
@@ -125,7 +127,7 @@ func TestRunTTY(t *testing.T) {
 	if err := unix.IoctlSetWinsize(int(p.master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 120}); err != nil {
 		t.Fatal(err)
 	}
-	if code := waitExit(t, cmd); code != 7 || !strings.Contains(p.output(), "50 120\r\n") {
+	if code := waitExit(t, cmd, "condfs run --tty did not end"); code != 7 || !strings.Contains(p.output(), "50 120\r\n") {
 		t.Errorf("after a resize: exit %d, output %q", code, p.output())
 	}
 	after, err := unix.IoctlGetTermios(int(p.slave.Fd()), unix.TCGETS)
@@ -143,7 +145,7 @@ func TestRunTTY(t *testing.T) {
 	d.within("sleep runs", func() bool { return strings.Contains(p.output(), "ready") })
 	time.Sleep(100 * time.Millisecond) // the exec after the echo
 	p.master.Write([]byte{3})
-	if code := waitExit(t, cmd); code != 130 {
+	if code := waitExit(t, cmd, "condfs run --tty did not end"); code != 130 {
 		t.Errorf("^C: exit %d, want 130; output %q", code, p.output())
 	}
 

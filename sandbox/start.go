@@ -200,19 +200,28 @@ func (r *Run) Begin(c Command, stdin, stdout, stderr *os.File) error {
 	if err != nil {
 		return fail(err)
 	}
+	if err := r.await(started, opStarted); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// await waits for the init's answer on started: want, or the step that
+// failed, or the init's end, or startTimeout.
+func (r *Run) await(started chan message, want string) error {
 	select {
 	case m := <-started:
 		switch m.Op {
-		case opStarted:
+		case want:
 			return nil
 		case opError:
-			return fail(fmt.Errorf("%s: %s", m.Step, m.Err))
+			return fmt.Errorf("%s: %s", m.Step, m.Err)
 		}
-		return fail(fmt.Errorf("init: unexpected %q", m.Op))
+		return fmt.Errorf("init: unexpected %q", m.Op)
 	case <-r.readDone:
-		return fail(errors.New("init: exited before the command started"))
+		return fmt.Errorf("init: exited before it answered %s", want)
 	case <-time.After(startTimeout):
-		return fail(errors.New("init: no answer"))
+		return errors.New("init: no answer")
 	}
 }
 
@@ -378,20 +387,10 @@ func (r *Run) Again() error {
 	if err := r.ch.send(message{Op: opAgain}); err != nil {
 		return fail(err)
 	}
-	select {
-	case m := <-started:
-		switch m.Op {
-		case opReady:
-			return nil
-		case opError:
-			return fail(fmt.Errorf("%s: %s", m.Step, m.Err))
-		}
-		return fail(fmt.Errorf("init: unexpected %q", m.Op))
-	case <-r.readDone:
-		return fail(errors.New("init: exited"))
-	case <-time.After(startTimeout):
-		return fail(errors.New("init: no answer"))
+	if err := r.await(started, opReady); err != nil {
+		return fail(err)
 	}
+	return nil
 }
 
 // Resize sets the size of the command's terminal (a Command with TTY;

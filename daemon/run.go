@@ -447,12 +447,24 @@ func stdioOK(f *os.File) error {
 		// stdio, the command could execve it (fexecve).
 		return fmt.Errorf("%s (a file of no filesystem's tree) cannot be stdio", name)
 	}
-	if st.Mode&unix.S_IFMT == unix.S_IFSOCK {
-		if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil && dom == unix.AF_UNIX {
-			if cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil && int(cred.Pid) == os.Getpid() {
-				return errors.New("a connection to condfs itself cannot be stdio")
-			}
-		}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil
+	}
+	// A socket whose peer cannot be told is refused like one whose peer
+	// is condfs.
+	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return fmt.Errorf("a socket of unknown domain: %w", err)
+	}
+	if dom != unix.AF_UNIX {
+		return nil
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return fmt.Errorf("a Unix socket whose peer is unknown: %w", err)
+	}
+	if int(cred.Pid) == os.Getpid() {
+		return errors.New("a connection to condfs itself cannot be stdio")
 	}
 	return nil
 }

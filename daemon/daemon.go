@@ -53,7 +53,7 @@ type Config struct {
 	MaxConns       int
 	MaxConnsPerUID int
 	// HubDir, if set, is where a root daemon mounts the one FUSE
-	// connection that serves every session (fsys.Hub); each view is then a
+	// connection that serves every session (fsys.HostOptions); each view is then a
 	// bind mount of it. "" mounts a connection per session.
 	HubDir string
 	// MaxSessions bounds the open sessions; 0 derives it from the
@@ -92,8 +92,7 @@ type Daemon struct {
 	server      *control.Server
 	metrics     *metrics.Metrics // nil: off
 	stopMetrics func()
-	hub         *fsys.Hub // nil: a connection per session
-	watcher     *fsys.Watcher
+	host        *fsys.Host // what the views share: watcher, hub, backings
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -229,28 +228,18 @@ func (d *Daemon) startParts(undo *[]func()) error {
 		d.stopMetrics = stop
 		*undo = append(*undo, func() { stop(); d.stopMetrics = nil })
 	}
-	if cfg.CacheTTL > time.Second {
-		w, err := fsys.NewWatcher(cfg.CacheTTL, d.log)
-		if err != nil {
-			return err
-		}
-		d.watcher = w
-		*undo = append(*undo, func() { w.Close(); d.watcher = nil })
+	host, err := fsys.NewHost(fsys.HostOptions{CacheTTL: cfg.CacheTTL, HubDir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver()})
+	if err != nil {
+		return err
 	}
-	if cfg.HubDir != "" {
-		h, err := fsys.NewHub(fsys.HubOptions{Dir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver()})
-		if err != nil {
-			return err
-		}
-		d.hub = h
-		*undo = append(*undo, func() { d.closeHub() })
-	}
+	d.host = host
+	*undo = append(*undo, func() { d.closeHost() })
 	RaiseFileLimit()
 	if n := FitThreadLimit(); n > 0 {
 		d.log.Info("thread limit fitted to the cgroup's pids limit", "max_threads", n)
 	}
 	if d.cfg.MaxSessions <= 0 {
-		d.cfg.MaxSessions = DefaultMaxSessions(d.hub != nil)
+		d.cfg.MaxSessions = DefaultMaxSessions(d.host.Shared())
 	}
 	*undo = append(*undo, func() { d.closeSessions() })
 	if cfg.FirstMount != "" {
@@ -292,14 +281,9 @@ func (d *Daemon) Close() error {
 	return errors.Join(errs...)
 }
 
-// closeAll unmounts every view, then the hub.
+// closeAll unmounts every view, then stops what they shared.
 func (d *Daemon) closeAll() error {
-	errs := []error{d.closeSessions(), d.closeHub()}
-	if d.watcher != nil {
-		errs = append(errs, d.watcher.Close())
-		d.watcher = nil
-	}
-	return errors.Join(errs...)
+	return errors.Join(d.closeSessions(), d.closeHost())
 }
 
 // closeSessions closes every session.
@@ -317,11 +301,13 @@ func (d *Daemon) closeSessions() error {
 	return errors.Join(errs...)
 }
 
-func (d *Daemon) closeHub() error {
-	if d.hub == nil {
+func (d *Daemon) closeHost() error {
+	if d.host == nil {
 		return nil
 	}
-	return d.hub.Close()
+	err := d.host.Close()
+	d.host = nil
+	return err
 }
 
 // openRequest is a session.open: who asks, and what.
@@ -488,7 +474,7 @@ func (d *Daemon) limits() map[string]any {
 	n := len(d.sessions)
 	d.mu.Unlock()
 	conns := "per-session"
-	if d.hub != nil {
+	if d.host.Shared() {
 		conns = "shared"
 	}
 	return map[string]any{"sessions_open": n, "max_sessions": d.cfg.MaxSessions, "connections": conns}
@@ -505,9 +491,7 @@ func (d *Daemon) panics() map[string]int64 {
 		}
 	}
 	d.mu.Unlock()
-	if d.hub != nil {
-		fuseOps += d.hub.Panics()
-	}
+	fuseOps += d.host.Panics()
 	var socket int64
 	if d.server != nil {
 		socket = d.server.Panics()

@@ -23,11 +23,10 @@ func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Er
 	}
 	defer unix.Close(fd)
 	id := r.id
-	v, err := fsys.Mount(fsys.Options{
+	v, err := d.host.Mount(fsys.Options{
 		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
 		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
-		Logger: d.log, Hub: d.hub, Observe: d.fuseObserver(), Watcher: d.watcher,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
 			d.auditPath(id, atoms, sp, p, op)
 		},

@@ -49,30 +49,27 @@ var (
 	maxIdlePins = min(max(runtime.GOMAXPROCS(0), 2), 16) + 2
 )
 
-// acting holds a token for each place taken in the daemon.
-var acting = make(chan struct{}, MaxActing)
-
-// enterActing takes a place in v and in the daemon, waiting for one
+// enterActing takes a place in v and on its host, waiting for one
 // unpinned if it must.
 func (v *View) enterActing() {
-	take(v.acting)
-	take(acting)
+	v.host.threads.take(v.acting)
+	v.host.threads.take(v.host.acting)
 }
 
 // leaveActing gives back what enterActing took.
 func (v *View) leaveActing() {
-	<-acting
+	<-v.host.acting
 	<-v.acting
 }
 
 // take puts a token in ch, waiting for room with no thread held.
-func take(ch chan struct{}) {
+func (ts *threadSet) take(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 		return
 	default:
 	}
-	unpin()
+	ts.unpin()
 	ch <- struct{}{}
 }
 

@@ -21,8 +21,14 @@ type backing struct {
 	fd   int    // O_PATH directory fd of the root
 	dev  uint64
 	root unix.Stat_t
-	refs int // views using it (acquireBacking); guarded by backings
+	key  backingKey
+	set  *backingSet // the host's set it is shared in
+	refs int         // views using it; guarded by set.mu
 }
+
+// backingKey names a directory as the kernel does: the same inode through
+// the same mount (a bind mount elsewhere may differ in its flags).
+type backingKey struct{ dev, ino, mnt uint64 }
 
 func openBacking(dir string) (*backing, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -35,6 +41,11 @@ func openBacking(dir string) (*backing, error) {
 		return nil, fmt.Errorf("stat backing directory %s: %w", dir, err)
 	}
 	b.dev = b.root.Dev
+	b.key = backingKey{dev: b.root.Dev, ino: b.root.Ino}
+	var stx unix.Statx_t
+	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx) == nil && stx.Mask&unix.STATX_MNT_ID != 0 {
+		b.key.mnt = stx.Mnt_id
+	}
 	real, err := os.Readlink(procPath(fd))
 	if err != nil {
 		unix.Close(fd)
@@ -94,47 +105,66 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 	return "", 0, false, false
 }
 
-// backings are the open backing directories of this process, shared by
-// every view over the same directory: a session then costs no descriptor
-// of its own, and a node holds thousands.
-var backings struct {
-	sync.Mutex
-	m map[string]*backing
+// abs is the absolute path, as the kernel names it, of the space path p.
+func (b *backing) abs(p string) string {
+	switch {
+	case b.real == "/":
+		return p
+	case p == "/":
+		return b.real
+	}
+	return b.real + p
 }
 
-// acquireBacking is openBacking, sharing an open one when dir still names
-// the same directory; release gives it back.
-func acquireBacking(dir string) (*backing, error) {
-	backings.Lock()
-	defer backings.Unlock()
-	if b, ok := backings.m[dir]; ok {
-		var st unix.Stat_t
-		if unix.Stat(dir, &st) == nil && st.Dev == b.dev && st.Ino == b.root.Ino {
-			b.refs++
-			return b, nil
-		}
-	}
+// under reports whether the absolute path p is dir or lies beneath it.
+func under(p, dir string) bool {
+	return p == dir || dir == "/" || (strings.HasPrefix(p, dir) && p[len(dir)] == '/')
+}
+
+// backingSet holds a host's open backing directories, shared by every view
+// over the same directory: a session then costs no descriptor of its own,
+// and a node holds thousands. Its lock guards the map alone: a directory
+// is opened, and named, before it is taken, so a backing that hangs in open
+// or stat blocks only the view that names it.
+type backingSet struct {
+	mu sync.Mutex
+	m  map[backingKey]*backing
+}
+
+// acquire is openBacking, sharing the open directory when another view
+// already has the same one; release gives it back.
+func (s *backingSet) acquire(dir string) (*backing, error) {
 	b, err := openBacking(dir)
 	if err != nil {
 		return nil, err
 	}
-	if backings.m == nil {
-		backings.m = map[string]*backing{}
+	s.mu.Lock()
+	if old, ok := s.m[b.key]; ok {
+		old.refs++
+		s.mu.Unlock()
+		unix.Close(b.fd)
+		return old, nil
 	}
-	b.refs = 1
-	backings.m[dir] = b // one that dir no longer names lives on with its views
+	if s.m == nil {
+		s.m = map[backingKey]*backing{}
+	}
+	b.set, b.refs = s, 1
+	s.m[b.key] = b
+	s.mu.Unlock()
 	return b, nil
 }
 
 func (b *backing) release() {
-	backings.Lock()
-	defer backings.Unlock()
+	s := b.set
+	s.mu.Lock()
 	if b.refs--; b.refs > 0 {
+		s.mu.Unlock()
 		return
 	}
-	if backings.m[b.dir] == b {
-		delete(backings.m, b.dir)
+	if s.m[b.key] == b {
+		delete(s.m, b.key)
 	}
+	s.mu.Unlock()
 	unix.Close(b.fd)
 }
 

@@ -63,17 +63,19 @@ type credKey struct {
 	groups   string // the groups, as their bytes
 }
 
-// threadCreds maps a pinned thread's id to its credentials, and says
-// whether its goroutine is between requests (idle). An entry is trusted only
-// while the thread's fsuid is not the daemon's (a thread that died and whose
-// id was reused starts with the daemon's fsuid), so losing entries is safe:
-// the thread is then switched again. At most maxIdlePins entries are idle:
-// a request that ends beyond that gives its pin up (keepPin). A goroutine
-// that exits pinned (go-fuse ends readers beyond its limit) ends its thread
-// and leaves its entry behind; such entries are found (tgkill) and dropped
-// when the idle ones reach the limit.
-var threadCreds struct {
-	sync.Mutex
+// threadSet maps a pinned thread's id to its credentials, and says whether
+// its goroutine is between requests (idle). An entry is trusted only while
+// the thread's fsuid is not the daemon's (a thread that died and whose id
+// was reused starts with the daemon's fsuid), so losing entries is safe:
+// the thread is then switched again (and two hosts in one process, as in
+// the unit tests, each switching what the other did not record, stay
+// correct). At most maxIdlePins entries are idle: a request that ends
+// beyond that gives its pin up (keep). A goroutine that exits pinned
+// (go-fuse ends readers beyond its limit) ends its thread and leaves its
+// entry behind; such entries are found (tgkill) and dropped when the idle
+// ones reach the limit.
+type threadSet struct {
+	mu     sync.Mutex
 	m      map[int]pinnedThread
 	idle   int       // entries with idle set
 	pruned time.Time // when dead threads' entries were last looked for
@@ -84,75 +86,75 @@ type pinnedThread struct {
 	idle bool
 }
 
-// pruneEvery limits how often keepPin looks for dead threads (a tgkill
-// each of up to maxIdlePins).
+// pruneEvery limits how often keep looks for dead threads (a tgkill each
+// of up to maxIdlePins).
 const pruneEvery = 50 * time.Millisecond
 
-func recordThread(tid int, k credKey) {
-	threadCreds.Lock()
-	if threadCreds.m == nil {
-		threadCreds.m = map[int]pinnedThread{}
+func (ts *threadSet) record(tid int, k credKey) {
+	ts.mu.Lock()
+	if ts.m == nil {
+		ts.m = map[int]pinnedThread{}
 	}
-	if threadCreds.m[tid].idle {
-		threadCreds.idle--
+	if ts.m[tid].idle {
+		ts.idle--
 	}
-	threadCreds.m[tid] = pinnedThread{key: k}
-	threadCreds.Unlock()
+	ts.m[tid] = pinnedThread{key: k}
+	ts.mu.Unlock()
 }
 
-func forgetThread(tid int) {
-	threadCreds.Lock()
-	if e, ok := threadCreds.m[tid]; ok {
+func (ts *threadSet) forget(tid int) {
+	ts.mu.Lock()
+	if e, ok := ts.m[tid]; ok {
 		if e.idle {
-			threadCreds.idle--
+			ts.idle--
 		}
-		delete(threadCreds.m, tid)
+		delete(ts.m, tid)
 	}
-	threadCreds.Unlock()
+	ts.mu.Unlock()
 }
 
-// threadKey returns a pinned thread's credentials, marking it busy (a
-// request runs on it).
-func threadKey(tid int) (credKey, bool) {
-	threadCreds.Lock()
-	defer threadCreds.Unlock()
-	e, ok := threadCreds.m[tid]
+// key returns a pinned thread's credentials, marking it busy (a request
+// runs on it).
+func (ts *threadSet) key(tid int) (credKey, bool) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	e, ok := ts.m[tid]
 	if ok && e.idle {
 		e.idle = false
-		threadCreds.m[tid] = e
-		threadCreds.idle--
+		ts.m[tid] = e
+		ts.idle--
 	}
 	return e.key, ok
 }
 
-// keepPin reports whether the current (pinned) thread may keep its
-// caller's credentials and pin after its request, marking it idle if so.
-func keepPin(tid int) bool {
-	threadCreds.Lock()
-	defer threadCreds.Unlock()
-	e, ok := threadCreds.m[tid]
+// keep reports whether the current (pinned) thread may keep its caller's
+// credentials and pin after its request, marking it idle if so.
+func (ts *threadSet) keep(tid int) bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	e, ok := ts.m[tid]
 	if !ok {
 		return false
 	}
-	if threadCreds.idle >= maxIdlePins {
-		if now := time.Now(); now.Sub(threadCreds.pruned) >= pruneEvery {
-			threadCreds.pruned = now
+	if ts.idle >= maxIdlePins {
+		if now := time.Now(); now.Sub(ts.pruned) >= pruneEvery {
+			ts.pruned = now
 			pid := unix.Getpid()
-			for t, e := range threadCreds.m {
+			for t, e := range ts.m {
 				if e.idle && unix.Tgkill(pid, t, 0) == unix.ESRCH {
-					delete(threadCreds.m, t)
-					threadCreds.idle--
+					delete(ts.m, t)
+					ts.idle--
 				}
 			}
 		}
-		if threadCreds.idle >= maxIdlePins {
+		if ts.idle >= maxIdlePins {
 			return false
 		}
 	}
 	if !e.idle {
 		e.idle = true
-		threadCreds.m[tid] = e
-		threadCreds.idle++
+		ts.m[tid] = e
+		ts.idle++
 	}
 	return true
 }
@@ -160,9 +162,10 @@ func keepPin(tid int) bool {
 // asCaller is what become did on the current thread; restore ends it. The
 // zero value did nothing.
 type asCaller struct {
-	switched bool     // the thread acts as a caller (not the daemon)
-	back     *credKey // restore sets these credentials again (a root request on a pinned thread)
-	view     *View    // holds a place among the requests acting (acting.go)
+	switched bool       // the thread acts as a caller (not the daemon)
+	back     *credKey   // restore sets these credentials again (a root request on a pinned thread)
+	view     *View      // holds a place among the requests acting (acting.go)
+	threads  *threadSet // where the thread's credentials are recorded
 }
 
 // become admits the request's caller, takes a place among the requests
@@ -188,7 +191,7 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 		v.leaveActing()
 		return asCaller{}, errno
 	}
-	a.view = v
+	a.view, a.threads = v, &v.host.threads
 	return a, 0
 }
 
@@ -208,7 +211,7 @@ func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
 		}
 		// A pinned thread: act as the daemon for this request only.
 		tid := unix.Gettid()
-		k, known := threadKey(tid)
+		k, known := v.host.threads.key(tid)
 		if err := setThreadCreds(self.uid, self.gid, self.groups); err != nil {
 			panicRestore(err)
 		}
@@ -229,7 +232,7 @@ func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
 	want := credKey{uid: c.Uid, gid: c.Gid, groups: groupsKey(groups)}
 	tid := unix.Gettid()
 	if !clean {
-		if k, ok := threadKey(tid); ok && k == want {
+		if k, ok := v.host.threads.key(tid); ok && k == want {
 			return asCaller{switched: true}, 0
 		}
 	} else {
@@ -240,12 +243,12 @@ func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
 		if rerr := setThreadCreds(self.uid, self.gid, self.groups); rerr != nil {
 			panicRestore(rerr)
 		}
-		forgetThread(tid)
+		v.host.threads.forget(tid)
 		runtime.UnlockOSThread() // the pin
 		v.log.Error("switch to caller's credentials", "uid", c.Uid, "err", err)
 		return asCaller{}, syscall.EIO
 	}
-	recordThread(tid, want)
+	v.host.threads.record(tid, want)
 	return asCaller{switched: true}, 0
 }
 
@@ -253,7 +256,7 @@ func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
 // the pin a caller's credentials put on its goroutine, if any: a request
 // about to wait (for a place among those acting, or a blocking lock) then
 // holds no OS thread while it waits. The next become switches again.
-func unpin() {
+func (ts *threadSet) unpin() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if cur, _ := unix.SetfsuidRetUid(-1); cur == self.uid {
@@ -262,7 +265,7 @@ func unpin() {
 	if err := setThreadCreds(self.uid, self.gid, self.groups); err != nil {
 		panicRestore(err)
 	}
-	forgetThread(unix.Gettid())
+	ts.forget(unix.Gettid())
 	runtime.UnlockOSThread() // the pin
 }
 
@@ -280,8 +283,8 @@ func (a asCaller) restore() {
 	if a.view != nil {
 		a.view.leaveActing()
 	}
-	if (a.switched || a.back != nil) && !keepPin(unix.Gettid()) {
-		unpin()
+	if (a.switched || a.back != nil) && !a.threads.keep(unix.Gettid()) {
+		a.threads.unpin()
 	}
 }
 

@@ -20,7 +20,8 @@ import (
 // between READDIRs. An entry's offset is the backing directory's own
 // (d_off), so any offset the kernel hands back is one seek away.
 type dirHandle struct {
-	node *node
+	node  *node
+	round uint64 // of the view's listings in flight (barrier)
 
 	mu      sync.Mutex
 	fd      int
@@ -45,31 +46,44 @@ var (
 
 // OpendirHandle opens the directory the node stands for, as the caller
 // (reading a directory needs read permission on it), for one READDIR or
-// FSYNCDIR, and records the listing the kernel may cache (listing.go).
+// FSYNCDIR, and records the listing the kernel may cache (listing.go). The
+// listing is in flight (barrier) from before its first decision until
+// Releasedir, when go-fuse has its entries' nodes in the tree.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	round := n.view.listingsIn.enter()
+	h, errno := n.opendir(ctx)
+	if errno != 0 {
+		n.view.listingsIn.leave(round)
+		return nil, 0, errno
+	}
+	h.round = round
+	return h, 0, 0
+}
+
+func (n *node) opendir(ctx context.Context) (*dirHandle, syscall.Errno) {
 	epoch := n.view.lists.epoch.Load() // before the rules are read
 	t, errno := n.enter(ctx, opLookup, "")
 	if errno != 0 {
-		return nil, 0, errno
+		return nil, errno
 	}
 	defer t.leave()
 	if !t.isDir() {
-		return nil, 0, syscall.ENOTDIR
+		return nil, syscall.ENOTDIR
 	}
 	n.watch(t.path)
 	fd, err := reopenDir(t.fd)
 	if err != nil {
-		return nil, 0, errnoOf(err)
+		return nil, errnoOf(err)
 	}
 	sensitive := t.ruled || t.snap.cfg.HasRulesUnder(n.space, t.path)
 	n.view.listing(n.EmbeddedInode(), n, sensitive, epoch, n.keepsListing(&t))
-	return &dirHandle{node: n, fd: fd}, 0, 0
+	return &dirHandle{node: n, fd: fd}, 0
 }
 
 var _ fs.FileLookuper = (*dirHandle)(nil)
 
 // Lookup gives a READDIRPLUS listing a full entry for a name the view does
-// not know yet (see node.lookup for ruled names, plusMu for reloads).
+// not know yet (see node.lookup for ruled names, barrier for reloads).
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	n := d.node
 	if n.GetChild(name) != nil {
@@ -93,15 +107,11 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if errno == 0 {
 		n.view.plusHanded.Store(true)
 	}
-	if plusDelay > 0 {
-		time.Sleep(plusDelay)
+	if d := n.view.host.hooks.plusDelay; d > 0 {
+		time.Sleep(d)
 	}
 	return in, errno
 }
-
-// plusDelay is zero except in the integration tests' build
-// (testhooks_condfstest.go).
-var plusDelay time.Duration
 
 // Readdirent hands out the next entry the view shows.
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
@@ -156,7 +166,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			mode = st.Mode
 			d.lastSt, d.lastOK = st, true
 			if !v.opts.AllowHardlinks {
-				v.opts.Watcher.shows(&st)
+				v.host.watcher.shows(&st)
 			}
 			if v.hides(snap.cfg, sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
 				if st.Mode&unix.S_IFMT == unix.S_IFREG && !d.node.noListCache.Swap(true) {
@@ -211,6 +221,7 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 		}
 		return 0
 	})
+	d.node.view.listingsIn.leave(d.round)
 }
 
 // reopenDir opens the directory an O_PATH fd stands for, for reading: as

@@ -36,19 +36,21 @@ type fileHandle struct {
 	fdMu     sync.RWMutex
 	released bool
 
+	// moves counts the renames that may have moved the file (revokeMoved).
+	moves atomic.Uint64
+
+	// A handle decides again (finding its path from its fd) only after
+	// an event that can change its decision: a switch or reload of its
+	// view (View.auth), a rename that may have moved it (moves). Between
+	// events its last decision stands; a change made directly in the
+	// backing tree, not through a view, is seen at the next event.
 	mu     sync.Mutex
 	last   string // the last path seen, for a file that has lost its name
-	gen    uint64 // authGen when vis was decided
+	gen    uint64 // View.auth when vis was decided
+	seen   uint64 // moves when vis was decided
 	cached bool
 	vis    bool
 }
-
-// authGen counts the events that can change an open file's decision:
-// context switches, reloads and renames through any view. A handle decides
-// again (finding its path from its fd) only when it has moved; between
-// events its last decision stands. Changes made directly in the backing
-// tree, not through a view, are seen at the next event.
-var authGen atomic.Uint64
 
 var (
 	_ fs.FileReader    = (*fileHandle)(nil)
@@ -74,7 +76,7 @@ var (
 func (n *node) newHandle(fd int, t *target) (*fileHandle, uint32, syscall.Errno) {
 	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: t.ruled, last: t.path}
 	n.view.track(h)
-	if authGen.Load() != t.gen {
+	if n.view.generation() != t.gen {
 		if !h.decide(true) {
 			h.Release(context.Background())
 			return nil, 0, syscall.EACCES
@@ -93,12 +95,12 @@ func (h *fileHandle) decide(audit bool) bool {
 	if v.closed.Load() {
 		return false
 	}
-	// The generation is read before the snapshot: a decision made while
-	// an event happens is kept under the older generation, so the next
-	// call decides again.
-	g := authGen.Load()
+	// The counts are read before the snapshot: a decision made while an
+	// event happens is kept under the older count, so the next call
+	// decides again.
+	g, m := v.auth.Load(), h.moves.Load()
 	h.mu.Lock()
-	if h.cached && h.gen == g {
+	if h.cached && h.gen == g && h.seen == m {
 		vis, p := h.vis, h.last
 		h.mu.Unlock()
 		if !vis && audit {
@@ -132,7 +134,7 @@ func (h *fileHandle) decide(audit bool) bool {
 		vis = false
 	}
 	h.mu.Lock()
-	h.gen, h.cached, h.vis = g, true, vis
+	h.gen, h.seen, h.cached, h.vis = g, m, true, vis
 	h.mu.Unlock()
 	if !vis && audit {
 		v.auditDeny(snap.atoms, h.node.space, p, opIO.String())

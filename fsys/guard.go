@@ -241,9 +241,6 @@ func (g guardFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.D
 
 func (g guardFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
 	defer g.done("ReadDirPlus", g.now(), &code)
-	// Decided and added to the tree under plusMu (see View.Invalidate).
-	plusMu.RLock()
-	defer plusMu.RUnlock()
 	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
 		in := *input
 		in.Fh = fh

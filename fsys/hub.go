@@ -19,7 +19,7 @@ import (
 	"github.com/condfs/condfs/internal/safepath"
 )
 
-// A Hub is one FUSE connection that serves the views of many sessions. Its
+// A hub is one FUSE connection that serves the views of many sessions. Its
 // mount, in a directory only root can enter, holds one directory per view;
 // each view is that directory bind-mounted at the session's mountpoint.
 //
@@ -36,7 +36,7 @@ import (
 // only, one by one (the epoch notification is per connection and would
 // drop every session's cache); a reload, which concerns every view, may
 // bump the epoch once.
-type Hub struct {
+type hub struct {
 	dir     string
 	root    *hubRoot
 	server  *fuse.Server
@@ -55,8 +55,8 @@ type Hub struct {
 	views   int
 }
 
-// HubOptions configure a hub.
-type HubOptions struct {
+// hubOptions configure a hub.
+type hubOptions struct {
 	// Dir is the hub's mountpoint, created 0700 if missing. Callers never
 	// use it; the views are reached through their own mountpoints.
 	Dir string
@@ -96,10 +96,10 @@ func (r *hubRoot) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	return fs.NewListDirStream(nil), 0
 }
 
-// NewHub mounts a hub at o.Dir. It needs a root daemon.
-func NewHub(o HubOptions) (*Hub, error) {
+// newHub mounts a hub at o.Dir. It needs a root daemon.
+func newHub(o hubOptions) (*hub, error) {
 	if os.Geteuid() != 0 {
-		return nil, errors.New("fsys: a hub needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
+		return nil, errors.New("fsys: a hub (shared connection) needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
 	}
 	if o.AttrTimeout == 0 {
 		o.AttrTimeout = DefaultAttrTimeout
@@ -107,7 +107,7 @@ func NewHub(o HubOptions) (*Hub, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &Hub{dir: o.Dir, devFD: -1, dirFD: -1, log: o.Logger, done: make(chan struct{}), timeout: o.AttrTimeout}
+	h := &hub{dir: o.Dir, devFD: -1, dirFD: -1, log: o.Logger, done: make(chan struct{}), timeout: o.AttrTimeout}
 	h.root = &hubRoot{mountedAt: time.Now()}
 	if err := safepath.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
@@ -183,10 +183,10 @@ func NewHub(o HubOptions) (*Hub, error) {
 }
 
 // Panics counts the FUSE operations of the hub's views that panicked.
-func (h *Hub) Panics() int64 { return h.panics.Load() }
+func (h *hub) Panics() int64 { return h.panics.Load() }
 
 // Views is the number of views attached.
-func (h *Hub) Views() int {
+func (h *hub) Views() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.views
@@ -194,7 +194,7 @@ func (h *Hub) Views() int {
 
 // attach adds v's root to the hub and bind-mounts it on the directory
 // mpfd; it returns the mount's id.
-func (h *Hub) attach(v *View, mpfd int) error {
+func (h *hub) attach(v *View, mpfd int) error {
 	if h.closing.Load() {
 		return errors.New("hub is closing")
 	}
@@ -247,7 +247,7 @@ func bindMount(dirfd int, name string, mpfd int, mp string) (uint64, error) {
 // detach removes v's root from the hub and asks the kernel to drop its
 // dentry, so that its nodes are forgotten once nothing uses them; v's
 // backing directories are closed then (rootNode.OnForget).
-func (h *Hub) detach(v *View) {
+func (h *hub) detach(v *View) {
 	if v.hubName == "" {
 		return
 	}
@@ -266,7 +266,7 @@ func (h *Hub) detach(v *View) {
 
 // Close unmounts the hub and waits for its server to stop. Views still
 // attached stop working (ENOTCONN).
-func (h *Hub) Close() error {
+func (h *hub) Close() error {
 	var err error
 	h.closeMu.Do(func() {
 		h.closing.Store(true)

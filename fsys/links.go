@@ -39,12 +39,10 @@ type mark struct {
 	fsid unix.Fsid // how fanotify names the filesystem
 }
 
-// noLinkWatch is false except in the integration tests' build
-// (testhooks_condfstest.go), which can run without the link watch.
-var noLinkWatch bool
-
-func newLinkWatch() *linkWatch {
-	if noLinkWatch {
+// newLinkWatch starts a link watch where the daemon may mark filesystems
+// (the integration tests' build can run as one that may not: hooks).
+func newLinkWatch(hk hooks) *linkWatch {
+	if hk.noLinkWatch {
 		return nil
 	}
 	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_FID|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDONLY)

@@ -90,7 +90,7 @@ func (v *View) listing(in *fs.Inode, n *node, sensitive bool, epoch uint64, keep
 	}
 	rec.sensitive, rec.epoch = sensitive, epoch
 	rec.dirty.Store(true)
-	ttl := v.opts.Watcher.ttlFor(n)
+	ttl := v.host.watcher.ttlFor(n)
 	if keep && ttl > 0 && !v.closed.Load() && rec.armed.CompareAndSwap(false, true) {
 		rec.ttl = time.AfterFunc(ttl, func() {
 			rec.armed.Store(false)
@@ -106,7 +106,7 @@ func (v *View) listing(in *fs.Inode, n *node, sensitive bool, epoch uint64, keep
 // keepsListing reports whether the kernel may keep a listing of n, as the
 // choke point found it (t): only while something reports what changes it.
 func (n *node) keepsListing(t *target) bool {
-	v, w := n.view, n.view.opts.Watcher
+	v, w := n.view, n.view.host.watcher
 	return w.live() && n.wd.Load() != 0 && !n.noListCache.Load() &&
 		(v.opts.AllowHardlinks || !t.snap.cfg.HasRules(n.space) || w.watchesLinks(t.b))
 }
@@ -210,7 +210,7 @@ func (v *View) forgetListings() {
 }
 
 // nameSet records names the kernel may remember in a way that a switch or
-// reload must undo before it returns, each as decided at some authGen:
+// reload must undo before it returns, each as decided at some generation:
 //   - absences: names the rules hide, remembered as missing (the switch
 //     may show them);
 //   - ruled names a READDIRPLUS handed out with full entries: the kernel
@@ -236,7 +236,7 @@ const (
 	maxPlusRuled = 1024
 )
 
-// add records dir's name, as decided at authGen g, and reports whether the
+// add records dir's name, as decided at generation g, and reports whether the
 // kernel may remember it. A switch or reload that began after g (and may
 // have taken the records before this one) makes the answer uncached: the
 // record alone would be missed.
@@ -250,7 +250,7 @@ func (a *nameSet) add(dir *node, name string, g uint64) bool {
 		a.names = map[dirName]struct{}{}
 	}
 	a.names[dirName{dir, name}] = struct{}{}
-	return authGen.Load() == g
+	return dir.view.generation() == g
 }
 
 // forget makes the kernel forget the names in a that drop selects (all,

@@ -2,7 +2,6 @@ package fsys
 
 import (
 	"context"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,18 +51,16 @@ const (
 	lockPollMax   = 100 * time.Millisecond
 )
 
-// lockWaiters counts the blocking lock requests waiting in all views.
-var lockWaiters atomic.Int32
-
 // enterWait takes a waiter's place in v and in all views, if one is free.
 func (v *View) enterWait() bool {
-	if lockWaiters.Add(1) > MaxLockWaiters {
-		lockWaiters.Add(-1)
+	all := &v.host.lockWaiters
+	if all.Add(1) > MaxLockWaiters {
+		all.Add(-1)
 		return false
 	}
 	if v.lockWaiters.Add(1) > MaxLockWaitersPerView {
 		v.lockWaiters.Add(-1)
-		lockWaiters.Add(-1)
+		all.Add(-1)
 		return false
 	}
 	return true
@@ -71,7 +68,7 @@ func (v *View) enterWait() bool {
 
 func (v *View) leaveWait() {
 	v.lockWaiters.Add(-1)
-	lockWaiters.Add(-1)
+	v.host.lockWaiters.Add(-1)
 }
 
 // lockOp runs one lock call on the handle's fd as the caller, decided
@@ -111,7 +108,7 @@ func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock
 	t := time.NewTimer(lockPollFirst)
 	defer t.Stop()
 	for delay := lockPollFirst; ; {
-		unpin()
+		v.host.threads.unpin()
 		select {
 		case <-ctx.Done():
 			return syscall.EINTR

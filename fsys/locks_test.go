@@ -5,9 +5,10 @@ import "testing"
 // TestLockWaiterBounds: a view holds at most MaxLockWaitersPerView waiters
 // and all views MaxLockWaiters; leaving gives the places back.
 func TestLockWaiterBounds(t *testing.T) {
+	h := &Host{}
 	var views []*View
-	for lockWaiters.Load() < MaxLockWaiters {
-		v := &View{}
+	for h.lockWaiters.Load() < MaxLockWaiters {
+		v := &View{host: h}
 		views = append(views, v)
 		for v.enterWait() {
 		}
@@ -15,10 +16,10 @@ func TestLockWaiterBounds(t *testing.T) {
 			t.Fatalf("a view holds %d waiters", got)
 		}
 	}
-	if got := lockWaiters.Load(); got != MaxLockWaiters {
+	if got := h.lockWaiters.Load(); got != MaxLockWaiters {
 		t.Fatalf("%d waiters in all, want %d", got, MaxLockWaiters)
 	}
-	fresh := &View{}
+	fresh := &View{host: h}
 	if fresh.enterWait() {
 		t.Fatal("a waiter beyond the bound of all views got a place")
 	}
@@ -35,7 +36,7 @@ func TestLockWaiterBounds(t *testing.T) {
 	for views[0].lockWaiters.Load() > 0 {
 		views[0].leaveWait()
 	}
-	if got := lockWaiters.Load(); got != 0 {
+	if got := h.lockWaiters.Load(); got != 0 {
 		t.Fatalf("%d waiters left", got)
 	}
 }

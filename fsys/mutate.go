@@ -144,7 +144,8 @@ func (n *node) remove(ctx context.Context, name string, flags int) syscall.Errno
 // as a create: EACCES when denied), and a directory that holds a ruled path
 // never moves, since its protected paths would walk out from under their
 // rules; with RENAME_EXCHANGE that holds for both sides. Open handles on
-// moved files are decided again at once, in every view (revokeAll).
+// moved files are decided again before the rename is answered, in every
+// view (revokeMoved).
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	np, ok := newParent.(*node)
 	if !ok || np.space != n.space || np.view != n.view {
@@ -154,13 +155,14 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if errno != 0 {
 		return errno
 	}
-	renamed := false
+	var moved []string // absolute paths on dev that the rename moved
+	var dev uint64
 	defer func() {
 		// After restore: revoking waits for the kernel to drop pages,
 		// which may wait for READs in flight, so no place among the
 		// requests acting may be held then (acting.go).
-		if renamed {
-			revokeAll()
+		if moved != nil {
+			n.view.host.revokeMoved(dev, moved)
 		}
 	}()
 	defer a.restore()
@@ -188,8 +190,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if err := unix.Renameat2(src.dirfd, name, dst.dirfd, newName, uint(flags)); err != nil {
 		return errnoOf(err)
 	}
-	authGen.Add(1)
-	renamed = true
+	n.view.host.renames.Add(1)
+	dev, moved = src.b.dev, []string{src.b.abs(src.path)}
+	if exchange {
+		moved = append(moved, dst.b.abs(dst.path))
+	}
 	if (src.isDir() || (exchange && dst.isDir())) && cfg.HasRules(n.space) {
 		// The names below the directory moved with it: a switch decides
 		// again whether it can change their listings (the epoch), and the

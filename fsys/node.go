@@ -72,10 +72,6 @@ func (n *node) path() (p string, ok bool) {
 	return b.String(), true
 }
 
-// testFault, set only by tests, runs at the choke point of every operation:
-// a test makes it panic to prove that one failing request stays alone.
-var testFault func(op opKind, name string)
-
 // opKind is what an operation does with what it names. The choke point
 // decides by it, and it names the audit record.
 type opKind uint8
@@ -108,7 +104,7 @@ type target struct {
 	path  string // canonical path in the space
 	snap  snapshot
 	ruled bool   // some rule governs the path or a directory above it
-	gen   uint64 // authGen before the decision (see newHandle)
+	gen   uint64 // the view's generation before the decision (see newHandle)
 	// absent: the name is visible to the rules but not in the backing
 	// tree (ENOENT from the backing, not from a decision).
 	absent bool
@@ -193,15 +189,15 @@ type listedAt struct {
 // only when the listed directory's path is n's).
 func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t target, errno syscall.Errno) {
 	t.dirfd, t.fd = -1, -1
-	if testFault != nil {
-		testFault(op, name)
+	if f := n.view.host.fault; f != nil {
+		f(op, name)
 	}
 	dir, ok := n.path()
 	if !ok {
 		return t, syscall.ENOENT
 	}
 	t.b = n.backing()
-	t.gen = authGen.Load() // before the snapshot: see newHandle
+	t.gen = n.view.generation() // before the snapshot: see newHandle
 	t.snap = n.view.snapshot()
 	t.path, t.name = dir, name
 	if name != "" {
@@ -333,7 +329,7 @@ func (v *View) stableAttr(st *unix.Stat_t) fs.StableAttr {
 // node is watched in turn.
 func (n *node) newChild(ctx context.Context, st *unix.Stat_t, path string, ruled bool, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(toSyscall(st))
-	w := n.view.opts.Watcher
+	w := n.view.host.watcher
 	if ttl := w.ttlFor(n); ttl > 0 {
 		out.SetEntryTimeout(ttl)
 		if !ruled { // see attrTTL
@@ -359,7 +355,7 @@ func dirOf(p string) string {
 // kernel uses n: a node made by a lookup may be dropped for one go-fuse
 // already has, so only a node the kernel names is watched.
 func (n *node) watch(path string) {
-	if w := n.view.opts.Watcher; w != nil && n.wd.Load() == 0 {
+	if w := n.view.host.watcher; w != nil && n.wd.Load() == 0 {
 		w.add(n, n.backing().real+path)
 	}
 }
@@ -367,7 +363,7 @@ func (n *node) watch(path string) {
 // OnForget: the kernel holds the node no more; its watch and its listing
 // record go.
 func (n *node) OnForget() {
-	if w := n.view.opts.Watcher; w != nil {
+	if w := n.view.host.watcher; w != nil {
 		w.remove(n)
 	}
 	n.view.unlisted(n.EmbeddedInode())
@@ -404,7 +400,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 // looked up by the kernel on its own, so no absence is recorded for it.
 // A listed name is resolved where the listing found it (listedAt).
 func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, listed *listedAt) (*fs.Inode, syscall.Errno) {
-	g := authGen.Load() // before the decision; see nameSet
+	g := n.view.generation() // before the decision; see nameSet
 	t, errno := n.enterAt(ctx, opLookup, name, listed)
 	if errno != 0 && listed != nil {
 		return nil, errno
@@ -416,7 +412,7 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, list
 		if (t.absent && !t.ruled) || t.hidden {
 			n.watch(dirOf(t.path))
 		}
-		if ttl := n.view.opts.Watcher.ttlFor(n); ttl > 0 {
+		if ttl := n.view.host.watcher.ttlFor(n); ttl > 0 {
 			switch {
 			case t.absent && !t.ruled:
 				// Missing from the backing directory, and no rule
@@ -468,7 +464,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 // within DefaultAttrTimeout of the crash (the daemon waits that long
 // before it serves restored sessions).
 func (n *node) attrTTL(isDir, ruled bool) time.Duration {
-	w := n.view.opts.Watcher
+	w := n.view.host.watcher
 	if w == nil || ruled {
 		return 0
 	}

@@ -71,7 +71,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		return nil, errnoOf(err)
 	}
 	out.Attr.FromStat(toSyscall(&st))
-	if w := r.view.opts.Watcher; w != nil && !ruled {
+	if w := r.view.host.watcher; w != nil && !ruled {
 		// The name stands while the rules do (a reload invalidates it);
 		// the directory's attributes come from its own watch (Getattr).
 		out.SetEntryTimeout(w.ttl)
@@ -83,20 +83,30 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // OpendirHandle lists the visible spaces, each decided when it is handed
 // out.
 func (r *rootNode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	round := r.view.listingsIn.enter()
 	a, errno := r.view.become(ctx)
 	if errno != 0 {
+		r.view.listingsIn.leave(round)
 		return nil, 0, errno
 	}
 	a.restore()
 	// Its listing changes only with a switch or a reload, which drop it.
 	r.view.listing(r.EmbeddedInode(), nil, true, r.view.lists.epoch.Load(), true)
-	return &rootDir{view: r.view}, 0, 0
+	return &rootDir{view: r.view, round: round}, 0, 0
 }
 
 type rootDir struct {
-	view *View
-	mu   sync.Mutex
-	next int
+	view  *View
+	round uint64 // of the view's listings in flight (barrier)
+	mu    sync.Mutex
+	next  int
+}
+
+var _ fs.FileReleasedirer = (*rootDir)(nil)
+
+// Releasedir ends the listing: its entries are in the tree (barrier).
+func (d *rootDir) Releasedir(ctx context.Context, flags uint32) {
+	d.view.listingsIn.leave(d.round)
 }
 
 func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
@@ -161,7 +171,7 @@ func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 	out.Uid, out.Gid = a.uid, uint32(os.Getegid())
 	t := r.view.mountedAt
 	out.SetTimes(&t, &t, &t)
-	if w := r.view.opts.Watcher; w != nil {
+	if w := r.view.host.watcher; w != nil {
 		out.SetTimeout(w.ttl) // made up, and never changes
 	}
 	return 0

@@ -12,11 +12,11 @@ import (
 // CONDFS_TEST_PLUS_DELAY holds a READDIRPLUS entry between its decision
 // and the answer that carries it to the kernel. CONDFS_TEST_NO_FANOTIFY
 // runs the daemon as one that cannot mark filesystems (not root).
-func init() {
-	if os.Getenv("CONDFS_TEST_NO_FANOTIFY") != "" {
-		noLinkWatch = true
-	}
+func testHooks() hooks {
+	var h hooks
+	h.noLinkWatch = os.Getenv("CONDFS_TEST_NO_FANOTIFY") != ""
 	if d, err := time.ParseDuration(os.Getenv("CONDFS_TEST_PLUS_DELAY")); err == nil {
-		plusDelay = d
+		h.plusDelay = d
 	}
+	return h
 }

@@ -84,22 +84,11 @@ type Options struct {
 	// that names it (lookup, mutation, or I/O on a revoked handle), for
 	// the audit log. Entries left out of a listing are not reported.
 	OnDeny func(atoms cctx.Set, space acl.Space, path, op string)
-	Logger *slog.Logger
-	// Debug logs every FUSE request.
-	Debug bool
-	// Observe, if set, is told of every FUSE request when it ends, with
-	// go-fuse's name for its opcode (metrics). A hub's views use the hub's.
-	Observe func(op string, start time.Time)
-	// Watcher, if set, lets the kernel cache entries and attributes no rule
-	// governs for its TTL, and keeps them true to the backing trees.
-	Watcher *Watcher
-	// Hub, if set, serves the view through the hub's connection, bind
-	// mounted at Mountpoint (AttrTimeout and Debug are then the hub's).
-	Hub *Hub
 }
 
 // View is one mounted session view.
 type View struct {
+	host        *Host
 	opts        Options
 	rules       Rules
 	atoms       atomic.Pointer[cctx.Set]
@@ -115,19 +104,23 @@ type View struct {
 	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
 	switchCreds bool        // root: act as each caller
 	reloadOld   *acl.Config // the rules before the reload being applied (Invalidate)
-	plusHanded  atomic.Bool // a listing handed out a full entry since the last reload
-	lists       listings
-	absences    nameSet // hidden names the kernel remembers as missing
-	plusRuled   nameSet // ruled names listings handed out with full entries
-	hub         *Hub    // the hub serving the view, if any
-	hubName     string  // the view's directory in the hub
-	gen         uint64  // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev     uint64  // the memories backing's device, mixed into inode numbers
-	groups      groupCache
-	log         *slog.Logger
-	closed      atomic.Bool
-	unmounts    sync.Once
-	done        chan struct{}
+	// auth counts the view's context switches and reloads: with the
+	// host's renames, its generation (generation).
+	auth       atomic.Uint64
+	listingsIn barrier     // listings in flight, for a reload to wait for
+	plusHanded atomic.Bool // a listing handed out a full entry since the last reload
+	lists      listings
+	absences   nameSet // hidden names the kernel remembers as missing
+	plusRuled  nameSet // ruled names listings handed out with full entries
+	hub        *hub    // the hub serving the view, if any
+	hubName    string  // the view's directory in the hub
+	gen        uint64  // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev    uint64  // the memories backing's device, mixed into inode numbers
+	groups     groupCache
+	log        *slog.Logger
+	closed     atomic.Bool
+	unmounts   sync.Once
+	done       chan struct{}
 	// mountedAt is the mount root's timestamp.
 	mountedAt time.Time
 
@@ -148,8 +141,6 @@ type View struct {
 	panics atomic.Int64
 }
 
-// views are every live view of this process: a rename through one of them
-// re-decides the open handles of all (they may share backing trees).
 // DefaultAttrTimeout is how long the kernel keeps what no watch keeps
 // fresh: entries and attributes of ruled names among them. After the daemon
 // dies, descriptors opened before still read cached pages until their
@@ -157,17 +148,12 @@ type View struct {
 // serves the sessions it restores.
 const DefaultAttrTimeout = time.Second
 
-var views struct {
-	sync.Mutex
-	set map[*View]struct{}
-}
-
 // Mount builds a view and mounts it. Without Options.MountFD, a
 // mountpoint left stale by a crashed daemon (ENOTCONN) is cleared first;
 // with it, the caller has confined and cleared the mountpoint, and a dead
 // or live FUSE mount there is an error.
-func Mount(opts Options) (*View, error) {
-	v, err := newView(opts)
+func (h *Host) Mount(opts Options) (*View, error) {
+	v, err := h.newView(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -184,12 +170,6 @@ func Mount(opts Options) (*View, error) {
 		v.closeBacking()
 		return nil, err
 	}
-	views.Lock()
-	if views.set == nil {
-		views.set = map[*View]struct{}{}
-	}
-	views.set[v] = struct{}{}
-	views.Unlock()
 	return v, nil
 }
 
@@ -210,7 +190,7 @@ func checkMountpoint(opts Options) error {
 
 // newView builds a view's node tree over its backing directories without
 // mounting it: the tree can then be driven in-process (the unit tests do).
-func newView(opts Options) (*View, error) {
+func (h *Host) newView(opts Options) (*View, error) {
 	if opts.Rules == nil {
 		return nil, errors.New("fsys: Options.Rules is required")
 	}
@@ -220,11 +200,8 @@ func newView(opts Options) (*View, error) {
 	if opts.AttrTimeout == 0 {
 		opts.AttrTimeout = DefaultAttrTimeout
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
 	v := &View{
-		opts: opts, rules: opts.Rules, devFD: -1, log: opts.Logger, done: make(chan struct{}),
+		host: h, opts: opts, rules: opts.Rules, devFD: -1, log: h.log, done: make(chan struct{}),
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
 		lists:    listings{listed: map[*fs.Inode]*listed{}},
 		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
@@ -233,7 +210,7 @@ func newView(opts Options) (*View, error) {
 	set := opts.Context
 	v.atoms.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
-		b, err := acquireBacking(dir)
+		b, err := h.backings.acquire(dir)
 		if err != nil {
 			v.closeBacking()
 			return nil, err
@@ -242,23 +219,24 @@ func newView(opts Options) (*View, error) {
 		// Mark the filesystem before any entry of it is cached: a link made
 		// before the mark would go unreported. (One fd per filesystem, for
 		// the daemon's life.)
-		opts.Watcher.watchesLinks(b)
-		opts.Watcher.watchAbove(b)
+		h.watcher.watchesLinks(b)
+		h.watcher.watchAbove(b)
 	}
 	v.rootDev = v.spaces[0].dev
 	v.gen = 1
-	if opts.Hub != nil {
-		v.hub = opts.Hub
-		v.gen = opts.Hub.seq.Add(1) + 1
+	if h.hub != nil {
+		v.hub = h.hub
+		v.gen = h.hub.seq.Add(1) + 1
 	}
 	v.root = &rootNode{view: v}
 	v.rootAccess = newRootAccess(v)
+	h.register(v) // until closeBacking: renames through other views reach its handles
 	zero := time.Duration(0)
 	v.fsOpts = &fs.Options{
 		EntryTimeout:    &opts.AttrTimeout,
 		AttrTimeout:     &opts.AttrTimeout,
 		NegativeTimeout: &zero,
-		MountOptions:    viewMountOptions(opts.AllowOther, opts.Debug),
+		MountOptions:    viewMountOptions(opts.AllowOther, h.debug),
 		RootStableAttr:  &fs.StableAttr{Ino: 1},
 		// A mode with no permission bits reaches the kernel as it is: go-fuse
 		// would answer 0755 (0644) for it, and the kernel, which checks
@@ -269,7 +247,7 @@ func newView(opts Options) (*View, error) {
 	}
 	if v.hub == nil {
 		// A hub view's root becomes a node of the hub's tree instead.
-		v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), panics: &v.panics, log: v.log, observe: opts.Observe}
+		v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), panics: &v.panics, log: v.log, observe: h.observe}
 	}
 	return v, nil
 }
@@ -332,7 +310,11 @@ func (v *View) untrack(h *fileHandle) {
 // revoke decides every open file of the view again and drops the kernel's
 // cached pages (mapped ones included) of each that is now denied, so that
 // its next read reaches the daemon and fails.
-func (v *View) revoke() {
+func (v *View) revoke() { v.revokeWhere(nil) }
+
+// revokeWhere is revoke for the open files that sel selects (all, when sel
+// is nil); each selected one decides afresh, whatever it decided before.
+func (v *View) revokeWhere(sel func(*fileHandle) bool) {
 	v.hmu.Lock()
 	hs := make([]*fileHandle, 0, len(v.handles))
 	for h := range v.handles {
@@ -340,6 +322,12 @@ func (v *View) revoke() {
 	}
 	v.hmu.Unlock()
 	for _, h := range hs {
+		if sel != nil {
+			if !sel(h) {
+				continue
+			}
+			h.moves.Add(1)
+		}
 		if !h.decide(false) {
 			if errno := h.node.NotifyContent(0, 0); errno != 0 && errno != syscall.ENOENT {
 				v.log.Debug("NotifyContent", "errno", errno)
@@ -348,17 +336,29 @@ func (v *View) revoke() {
 	}
 }
 
-// revokeAll re-decides the open files of every view, after a rename
-// through any of them.
-func revokeAll() {
-	views.Lock()
-	vs := make([]*View, 0, len(views.set))
-	for v := range views.set {
-		vs = append(vs, v)
-	}
-	views.Unlock()
-	for _, v := range vs {
-		v.revoke()
+// revokeMoved decides again, as the daemon, the open files of every view
+// that a rename may have moved: those on filesystem dev whose last known
+// path is one of moved (absolute paths, as the kernel names them) or lies
+// beneath one. A file moved outside the views since its last decision is
+// decided at the next switch or reload of its view (or its next I/O).
+func (h *Host) revokeMoved(dev uint64, moved []string) {
+	h.threads.unpin() // the daemon's credentials: the thread may keep a caller's
+	for _, v := range h.each() {
+		v.revokeWhere(func(fh *fileHandle) bool {
+			b := fh.node.backing()
+			if b == nil || b.dev != dev {
+				return false
+			}
+			fh.mu.Lock()
+			p := b.abs(fh.last)
+			fh.mu.Unlock()
+			for _, m := range moved {
+				if under(p, m) {
+					return true
+				}
+			}
+			return false
+		})
 	}
 }
 
@@ -535,6 +535,11 @@ func (v *View) auditDeny(atoms cctx.Set, sp acl.Space, path, op string) {
 	}
 }
 
+// generation changes with every event that can change one of the view's
+// decisions: its switches and reloads, and renames through any view of its
+// host. Both counts only grow, so their sum changes whenever either does.
+func (v *View) generation() uint64 { return v.auth.Load() + v.host.renames.Load() }
+
 // Context returns the view's current context.
 func (v *View) Context() cctx.Set { return *v.atoms.Load() }
 
@@ -559,28 +564,6 @@ func (v *View) Invalidate(old *acl.Config) error {
 	return v.invalidate(false)
 }
 
-// plusMu is held shared by every READDIRPLUS request while it decides its
-// entries and adds them to the tree (guardFS.ReadDirPlus); a reload takes
-// it once, so that every listing decided with the old rules has its nodes
-// in the tree before the reload looks for entries to drop.
-var plusMu sync.RWMutex
-
-// plusBarriered is the rules in force when the last barrier completed.
-var plusBarriered atomic.Pointer[acl.Config]
-
-// plusBarrier waits until every listing decided before cur was swapped in
-// has its nodes in the tree; once per reload, however many views it
-// invalidates (a barrier that began after the swap serves them all).
-func plusBarrier(cur *acl.Config) {
-	if plusBarriered.Load() == cur {
-		return
-	}
-	plusMu.Lock()
-	//lint:ignore SA2001 the empty critical section is the point
-	plusMu.Unlock()
-	plusBarriered.Store(cur)
-}
-
 // invalidate drops cached entries and re-decides open files. A context
 // switch (scoped) keeps the rules, so on the per-entry path only entries a
 // rule governs (the path or a directory above it matched by a rule) can
@@ -590,9 +573,11 @@ func (v *View) invalidate(scoped bool) error {
 	if v.closed.Load() {
 		return errors.New("view is unmounted")
 	}
-	authGen.Add(1)
+	v.auth.Add(1)
 	if !scoped {
-		plusBarrier(v.rules.Load())
+		// Every listing decided with the old rules has its nodes in the
+		// tree before the reload looks for entries to drop.
+		v.listingsIn.wait()
 	}
 	if !v.bumpEpoch(scoped) {
 		if scoped {
@@ -764,12 +749,10 @@ func (v *View) Unmount() error {
 		// cached pages go, so that nothing is read through it from now.
 		v.revoke()
 		v.forgetListings()
-		if w := v.opts.Watcher; w != nil {
+		if w := v.host.watcher; w != nil {
 			w.removeView(v)
 		}
-		views.Lock()
-		delete(views.set, v)
-		views.Unlock()
+		v.host.unregister(v)
 		mp := v.opts.Mountpoint
 		if v.hub != nil {
 			// The bind mount goes (by its id, as below); the view's nodes
@@ -824,6 +807,7 @@ func (v *View) Unmount() error {
 }
 
 func (v *View) closeBacking() {
+	v.host.unregister(v)
 	v.backingMu.Lock()
 	defer v.backingMu.Unlock()
 	for i, b := range v.spaces {

@@ -63,13 +63,23 @@ type fixture struct {
 // files laid out by the caller, in context atoms.
 func newFixture(t *testing.T, rules string, atoms cctx.Set) *fixture {
 	t.Helper()
+	host, err := NewHost(HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newFixtureOn(t, host, rules, atoms)
+}
+
+// newFixtureOn is newFixture on host.
+func newFixtureOn(t *testing.T, host *Host, rules string, atoms cctx.Set) *fixture {
+	t.Helper()
 	f := &fixture{t: t, mem: t.TempDir(), work: t.TempDir(), rules: &atomic.Pointer[acl.Config]{}}
 	cfg, err := acl.Parse("conditions.toml", []byte(rules))
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.rules.Store(cfg)
-	v, err := newView(Options{
+	v, err := host.newView(Options{
 		Mountpoint: "/nonexistent", Memories: f.mem, Workspace: f.work, Rules: f.rules, Context: atoms,
 		Owner:  uint32(os.Getuid()),
 		OnDeny: func(cctx.Set, acl.Space, string, string) { f.denials.Add(1) },
@@ -495,7 +505,7 @@ func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {
 	}
 	// A second view on the same tree, in a DM, moves the file.
 	other := &fixture{t: t, mem: f.mem, work: f.work, rules: f.rules}
-	v2, err := newView(Options{Mountpoint: "/nonexistent", Memories: f.mem, Workspace: f.work, Rules: f.rules, Context: dm, Owner: uint32(os.Getuid())})
+	v2, err := f.v.host.newView(Options{Mountpoint: "/nonexistent", Memories: f.mem, Workspace: f.work, Rules: f.rules, Context: dm, Owner: uint32(os.Getuid())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,12 +582,12 @@ func TestOnlyTheOwnerEnters(t *testing.T) {
 func TestPanicFailsOneRequest(t *testing.T) {
 	f := newFixture(t, "", dm)
 	f.write("a.md", "a")
-	testFault = func(op opKind, name string) {
+	f.v.host.fault = func(op opKind, name string) {
 		if name == "boom" {
 			panic("test fault in " + op.String())
 		}
 	}
-	defer func() { testFault = nil }()
+	defer func() { f.v.host.fault = nil }()
 	var out fuse.EntryOut
 	// Requests from the view's owner (this test's uid).
 	caller := fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}, Pid: uint32(os.Getpid())}

@@ -31,14 +31,17 @@ import (
 // invalidates everything) shows at worst stale names and attributes for up
 // to the TTL, never content the rules deny.
 type Watcher struct {
-	f   *os.File // the inotify fd, read through the runtime poller
-	ttl time.Duration
-	log *slog.Logger
+	host *Host
+	f    *os.File // the inotify fd, read through the runtime poller
+	ttl  time.Duration
+	log  *slog.Logger
 
 	max     int        // the most watches it holds (a share of the uid's inotify limit)
 	links   *linkWatch // nil: views check link counts themselves
 	mu      sync.Mutex
 	byWD    map[int32]*watch
+	adding  int    // watches being added (add), counted against max
+	removed uint64 // watches removed (an add in flight may have got a dead wd)
 	pending map[pendingKey]uint32
 	linked  map[uint64]bool // filesystems where a file got another name
 	// above: watches of the directories above the backing roots (their
@@ -76,20 +79,17 @@ const (
 	coalesce = 10 * time.Millisecond
 )
 
-// NewWatcher starts a watcher; ttl is how long unruled entries and
+// newWatcher starts h's watcher; ttl is how long unruled entries and
 // attributes are cached.
-func NewWatcher(ttl time.Duration, log *slog.Logger) (*Watcher, error) {
-	if log == nil {
-		log = slog.Default()
-	}
+func newWatcher(h *Host, ttl time.Duration) (*Watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", err)
 	}
 	w := &Watcher{
-		f: os.NewFile(uintptr(fd), "inotify"), ttl: ttl, log: log, max: maxWatches(),
+		host: h, f: os.NewFile(uintptr(fd), "inotify"), ttl: ttl, log: h.log, max: maxWatches(),
 		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, linked: map[uint64]bool{}, above: map[int32]bool{}, done: make(chan struct{}),
-		links: newLinkWatch(),
+		links: newLinkWatch(h.hooks),
 	}
 	go w.read()
 	if w.links != nil {
@@ -129,22 +129,50 @@ func maxWatches() int {
 	return max(1, min(65536, n/4))
 }
 
-// add watches the backing directory at path for n (a directory node).
+// add watches the backing directory at path for n (a directory node). The
+// watch is added with nothing held: inotify_add_watch resolves path, which
+// may block on a backing filesystem that hangs, and lookups in every view
+// and the event reader take w.mu.
 func (w *Watcher) add(n *node, path string) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed || n.wd.Load() != 0 || len(w.byWD) >= w.max {
+	if w.closed || n.wd.Load() != 0 || len(w.byWD)+w.adding >= w.max {
 		// Beyond its share, directories are not watched and their entries
 		// get the short TTL: a caller who makes and walks many directories
 		// must not use up the daemon's uid's watches, which other services
 		// of that uid share.
+		w.mu.Unlock()
 		return
 	}
-	wd, err := unix.InotifyAddWatch(int(w.f.Fd()), path, watchMask)
+	w.adding++
+	var wd int
+	var err error
+	for try := 0; ; try++ {
+		removed := w.removed
+		w.mu.Unlock()
+		wd, err = unix.InotifyAddWatch(int(w.f.Fd()), path, watchMask)
+		w.mu.Lock()
+		if err != nil || w.removed == removed {
+			break
+		}
+		// A watch was removed meanwhile: perhaps this one (the last node
+		// of the same directory went), and its wd is dead. Add it again.
+		if try == 2 {
+			w.adding--
+			w.mu.Unlock()
+			return
+		}
+	}
+	defer w.mu.Unlock()
+	w.adding--
 	if err != nil {
 		// No watch (the limit is reached, or the directory went): the
 		// node's entries are then cached for the short TTL only.
 		w.log.Debug("inotify_add_watch", "path", path, "err", err)
+		return
+	}
+	if w.closed || n.wd.Load() != 0 {
+		// Closed meanwhile, or another request watched n first (the same
+		// directory has the same wd: the watch stays for that one).
 		return
 	}
 	ws := w.byWD[int32(wd)]
@@ -170,6 +198,7 @@ func (w *Watcher) remove(n *node) {
 			delete(w.byWD, wd)
 			if !w.closed && !w.above[wd] {
 				unix.InotifyRmWatch(int(w.f.Fd()), uint32(wd))
+				w.removed++
 			}
 		}
 	}
@@ -191,11 +220,12 @@ func (w *Watcher) watchAbove(b *backing) {
 	if w == nil || b.real == "/" {
 		return
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	for dir := filepath.Dir(b.real); ; dir = filepath.Dir(dir) {
+		// Added with nothing held (see add).
 		if wd, err := unix.InotifyAddWatch(int(w.f.Fd()), dir, aboveMask); err == nil {
+			w.mu.Lock()
 			w.above[int32(wd)] = true
+			w.mu.Unlock()
 		} else {
 			w.log.Debug("inotify_add_watch above a backing root", "path", dir, "err", err)
 		}
@@ -221,6 +251,7 @@ func (w *Watcher) removeView(v *View) {
 			delete(w.byWD, wd)
 			if !w.closed {
 				unix.InotifyRmWatch(int(w.f.Fd()), uint32(wd))
+				w.removed++
 			}
 		}
 	}
@@ -273,6 +304,7 @@ func (w *Watcher) read() {
 					}
 					delete(w.byWD, ev.Wd)
 				}
+				w.removed++
 				delete(w.above, ev.Wd)
 			default:
 				if w.above[ev.Wd] && name == "" {
@@ -327,15 +359,7 @@ func (w *Watcher) flush() {
 	defer w.flushed()
 	if above {
 		w.log.Info("a directory above a backing root changed; every view's cache is dropped")
-		views.Lock()
-		var vs []*View
-		for v := range views.set {
-			if v.opts.Watcher == w {
-				vs = append(vs, v)
-			}
-		}
-		views.Unlock()
-		for _, v := range vs {
+		for _, v := range w.host.each() {
 			v.dropCaches()
 		}
 	}

@@ -1,6 +1,6 @@
 // Package daemon is condfs serve: sessions and their views, the config
 // snapshots and their hot reload, the audit log, and the control-socket
-// methods that tie them together (spec/control.md).
+// methods that tie them together (docs/control.md).
 package daemon
 
 import (

@@ -14,7 +14,7 @@ import (
 	"github.com/condfs/condfs/internal/safepath"
 )
 
-// mountView confines the mountpoint (conditions.md, "Authority"), clears a
+// mountView confines the mountpoint (docs/security.md, "The control socket"), clears a
 // dead mount there that the peer may use, and mounts.
 func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Error) {
 	fd, cerr := d.mountpoint(r.peer, mount)

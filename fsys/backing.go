@@ -171,9 +171,9 @@ func (b *backing) release() {
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
 // open opens rel (a canonical space path, "/" for the root) beneath the
-// root. Symlinks anywhere on the way fail with ELOOP; so does a symlink as
-// the last component unless flags has O_PATH|O_NOFOLLOW semantics, which
-// callers that want the link itself use through openParent instead.
+// root, never following a symlink: one on the way fails with ELOOP, and so
+// does one as the last component, unless flags has O_PATH, which then
+// opens the link itself (what prepare uses to see a symlink).
 func (b *backing) open(rel string, flags int, mode uint32) (int, error) {
 	p := strings.TrimPrefix(rel, "/")
 	if p == "" {
@@ -233,34 +233,6 @@ func join(dir, name string) string {
 		return "/" + name
 	}
 	return dir + "/" + name
-}
-
-// escapes reports whether a symlink at canonical path linkPath with the
-// given target leaves its space: an absolute target, or one whose ".."
-// climb above the space root (checked lexically; every further link on
-// the way is checked where it stands).
-func escapes(linkPath, target string) bool {
-	if target == "" || strings.HasPrefix(target, "/") {
-		return true
-	}
-	dir, _ := split(linkPath)
-	depth := 0
-	if dir != "/" {
-		depth = strings.Count(dir, "/")
-	}
-	for _, seg := range strings.Split(target, "/") {
-		switch seg {
-		case "", ".":
-		case "..":
-			depth--
-			if depth < 0 {
-				return true
-			}
-		default:
-			depth++
-		}
-	}
-	return false
 }
 
 func errnoOf(err error) unix.Errno {

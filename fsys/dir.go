@@ -75,7 +75,7 @@ func (n *node) opendir(ctx context.Context) (*dirHandle, syscall.Errno) {
 	if err != nil {
 		return nil, errnoOf(err)
 	}
-	sensitive := t.ruled || t.snap.cfg.HasRulesUnder(n.space, t.path)
+	sensitive := t.ruled || t.d.holdsRuled(n.space, t.path)
 	n.view.listing(n.EmbeddedInode(), n, sensitive, epoch, n.keepsListing(&t))
 	return &dirHandle{node: n, fd: fd}, 0
 }
@@ -152,23 +152,24 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			continue
 		}
 		p := join(d.dirPath, name)
-		snap := v.snapshot()
-		if vis, _ := snap.cfg.Visible(sp, p, snap.atoms); !vis {
+		dec := v.decision()
+		show, check := dec.listed(sp, p, typ)
+		if !show {
 			continue
 		}
 		mode := uint32(typ) << 12
 		d.lastName, d.lastOK = name, false
-		if typ == unix.DT_LNK || typ == unix.DT_UNKNOWN || (typ == unix.DT_REG && snap.cfg.HasRules(sp) && !v.opts.AllowHardlinks) {
+		if check {
 			var st unix.Stat_t
 			if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 				continue
 			}
 			mode = st.Mode
 			d.lastSt, d.lastOK = st, true
-			if !v.opts.AllowHardlinks {
+			if !dec.hardlinks {
 				v.host.watcher.shows(&st)
 			}
-			if v.hides(snap.cfg, sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
+			if dec.hides(sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
 				if st.Mode&unix.S_IFMT == unix.S_IFREG && !d.node.noListCache.Swap(true) {
 					// Nothing reports the other link going away: this
 					// listing goes once it is in the cache, and later

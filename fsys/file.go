@@ -125,19 +125,13 @@ func (h *fileHandle) decide(audit bool) bool {
 		p = h.last
 	}
 	h.mu.Unlock()
-	snap := v.snapshot()
-	vis := ok
-	if vis {
-		vis, _ = snap.cfg.Visible(h.node.space, p, snap.atoms)
-	}
-	if vis && nlink > 1 && !v.opts.AllowHardlinks && snap.cfg.HasRules(h.node.space) {
-		vis = false
-	}
+	d := v.decision()
+	vis := d.handle(h.node.space, p, nlink, ok)
 	h.mu.Lock()
 	h.gen, h.seen, h.cached, h.vis = g, m, true, vis
 	h.mu.Unlock()
 	if !vis && audit {
-		v.auditDeny(snap.atoms, h.node.space, p, opIO.String())
+		v.auditDeny(d.atoms, h.node.space, p, opIO.String())
 	}
 	return vis
 }
@@ -291,7 +285,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 // its O_PATH fd (the same inode), and wraps it.
 func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.Errno) {
 	if t.st.Mode&unix.S_IFMT != unix.S_IFREG {
-		n.view.auditDeny(t.snap.atoms, n.space, t.path, "open of a special file")
+		n.view.auditDeny(t.d.atoms, n.space, t.path, "open of a special file")
 		return nil, 0, syscall.EACCES
 	}
 	fd, err := reopen(t.fd, openFlags(flags))
@@ -304,7 +298,7 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 		return nil, 0, errnoOf(err)
 	}
 	// A hard link made since prepare must not open a protected file.
-	if n.view.hides(t.snap.cfg, n.space, t.path, &st, nil) {
+	if t.d.hides(n.space, t.path, &st, nil) {
 		unix.Close(fd)
 		return nil, 0, syscall.EACCES
 	}

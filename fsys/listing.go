@@ -106,9 +106,9 @@ func (v *View) listing(in *fs.Inode, n *node, sensitive bool, epoch uint64, keep
 // keepsListing reports whether the kernel may keep a listing of n, as the
 // choke point found it (t): only while something reports what changes it.
 func (n *node) keepsListing(t *target) bool {
-	v, w := n.view, n.view.host.watcher
+	w := n.view.host.watcher
 	return w.live() && n.wd.Load() != 0 && !n.noListCache.Load() &&
-		(v.opts.AllowHardlinks || !t.snap.cfg.HasRules(n.space) || w.watchesLinks(t.b))
+		(!t.d.hidesLinked(n.space) || w.watchesLinks(t.b))
 }
 
 // dropRec drops the listing the kernel may hold of in: it notifies the
@@ -178,9 +178,7 @@ func (v *View) switchChanges(n *node, sensitive, current bool) bool {
 	if !ok {
 		return true
 	}
-	cfg, atoms := v.rules.Load(), *v.atoms.Load()
-	_, ruled := cfg.Visible(n.space, p, atoms)
-	return ruled || cfg.HasRulesUnder(n.space, p)
+	return v.decision().sensitive(n.space, p)
 }
 
 // unlisted forgets in's record: the kernel holds the directory no more.
@@ -291,7 +289,5 @@ func (v *View) hiddenNow(dir *node, name string) bool {
 	if !ok {
 		return true
 	}
-	cfg, atoms := v.rules.Load(), *v.atoms.Load()
-	vis, _ := cfg.Visible(dir.space, join(p, name), atoms)
-	return !vis
+	return !v.decision().shows(dir.space, join(p, name))
 }

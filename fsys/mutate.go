@@ -114,7 +114,7 @@ func (n *node) Symlink(ctx context.Context, link, name string, out *fuse.EntryOu
 	if escapes(t.path, link) {
 		// It would be hidden at once: refuse rather than make an entry
 		// that cannot be seen.
-		n.view.auditDeny(t.snap.atoms, n.space, t.path, "symlink out of the space")
+		n.view.auditDeny(t.d.atoms, n.space, t.path, "symlink out of the space")
 		return nil, syscall.EACCES
 	}
 	if err := unix.Symlinkat(link, t.dirfd, name); err != nil {
@@ -181,10 +181,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errno
 	}
 	defer dst.close()
-	cfg := src.snap.cfg
-	ruledUnder := cfg.HasRulesUnder(n.space, src.path) || cfg.HasRulesUnder(n.space, dst.path)
+	d := src.d
+	ruledUnder := d.holdsRuled(n.space, src.path) || d.holdsRuled(n.space, dst.path)
 	if ruledUnder && (src.isDir() || (exchange && dst.isDir())) {
-		n.view.auditDeny(src.snap.atoms, n.space, src.path, "rename of a directory holding ruled paths")
+		n.view.auditDeny(d.atoms, n.space, src.path, "rename of a directory holding ruled paths")
 		return syscall.EACCES
 	}
 	if err := unix.Renameat2(src.dirfd, name, dst.dirfd, newName, uint(flags)); err != nil {
@@ -195,7 +195,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if exchange {
 		moved = append(moved, dst.b.abs(dst.path))
 	}
-	if (src.isDir() || (exchange && dst.isDir())) && cfg.HasRules(n.space) {
+	if (src.isDir() || (exchange && dst.isDir())) && d.ruledSpace(n.space) {
 		// The names below the directory moved with it: a switch decides
 		// again whether it can change their listings (the epoch), and the
 		// cached ones go after this request, since the kernel holds the
@@ -215,26 +215,25 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok || tn.space != n.space || tn.view != n.view {
 		return nil, syscall.EXDEV
 	}
-	snap := n.view.snapshot()
-	if !n.view.opts.AllowHardlinks && snap.cfg.HasRules(n.space) {
-		n.view.auditDeny(snap.atoms, n.space, name, "link")
-		return nil, syscall.EPERM
-	}
 	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno
 	}
 	defer a.restore()
-	src, errno := tn.prepare(a, opLookup, "")
-	if errno != 0 {
-		return nil, errno
-	}
-	defer src.close()
 	t, errno := n.prepare(a, opCreate, name)
 	if errno != 0 {
 		return nil, errno
 	}
 	defer t.close()
+	if t.d.hidesLinked(n.space) {
+		n.view.auditDeny(t.d.atoms, n.space, t.path, "link")
+		return nil, syscall.EPERM
+	}
+	src, errno := tn.prepare(a, opLookup, "")
+	if errno != 0 {
+		return nil, errno
+	}
+	defer src.close()
 	if err := unix.Linkat(unix.AT_FDCWD, procPath(src.fd), t.dirfd, name, unix.AT_SYMLINK_FOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/condfs/condfs/acl"
-	cctx "github.com/condfs/condfs/context"
 )
 
 // node is a file, directory or symlink inside one space. It stands for one
@@ -28,17 +27,6 @@ type node struct {
 
 	// noListCache: a listing of the directory hid a multiply-linked file.
 	noListCache atomic.Bool
-}
-
-// snapshot is the state one operation decides with: read once, so that an
-// operation never mixes two configs or two contexts.
-type snapshot struct {
-	cfg   *acl.Config
-	atoms cctx.Set
-}
-
-func (v *View) snapshot() snapshot {
-	return snapshot{cfg: v.rules.Load(), atoms: *v.atoms.Load()}
 }
 
 func (n *node) backing() *backing { return n.view.spaces[n.space] }
@@ -102,7 +90,7 @@ type target struct {
 	as    asCaller // what enter did to the thread's credentials
 	b     *backing
 	path  string // canonical path in the space
-	snap  snapshot
+	d     decision
 	ruled bool   // some rule governs the path or a directory above it
 	gen   uint64 // the view's generation before the decision (see newHandle)
 	// absent: the name is visible to the rules but not in the backing
@@ -197,8 +185,8 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		return t, syscall.ENOENT
 	}
 	t.b = n.backing()
-	t.gen = n.view.generation() // before the snapshot: see newHandle
-	t.snap = n.view.snapshot()
+	t.gen = n.view.generation() // before the decision: see newHandle
+	t.d = n.view.decision()
 	t.path, t.name = dir, name
 	if name != "" {
 		if name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
@@ -206,19 +194,11 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		}
 		t.path = join(dir, name)
 	}
-	vis, ruled := t.snap.cfg.Visible(n.space, t.path, t.snap.atoms)
+	vis, ruled := t.d.path(n.space, t.path)
 	if !vis {
 		t.hidden = true
-		n.view.auditDeny(t.snap.atoms, n.space, t.path, op.String())
-		switch op {
-		case opIO:
-			return t, syscall.EACCES
-		case opCreate, opExchange:
-			if parentVis, _ := t.snap.cfg.Visible(n.space, dir, t.snap.atoms); parentVis && name != "" {
-				return t, syscall.EACCES
-			}
-		}
-		return t, syscall.ENOENT
+		n.view.auditDeny(t.d.atoms, n.space, t.path, op.String())
+		return t, t.d.denial(op, n.space, dir, name)
 	}
 	t.ruled = ruled
 	if a.switched {
@@ -243,7 +223,7 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 			t.absent = err == unix.ENOENT
 			return t, errnoOf(err)
 		}
-		if n.view.hides(t.snap.cfg, n.space, t.path, &t.st, func() (string, error) { return readlinkat(at.fd, name) }) {
+		if t.d.hides(n.space, t.path, &t.st, func() (string, error) { return readlinkat(at.fd, name) }) {
 			return t, syscall.ENOENT
 		}
 		return t, 0
@@ -265,7 +245,7 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		t.close()
 		return t, syscall.ESTALE
 	}
-	if n.view.hides(t.snap.cfg, n.space, t.path, &t.st, func() (string, error) { return readlinkat(fd, "") }) {
+	if t.d.hides(n.space, t.path, &t.st, func() (string, error) { return readlinkat(fd, "") }) {
 		t.close()
 		if op == opExchange {
 			return t, syscall.EACCES
@@ -273,21 +253,6 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		return t, syscall.ENOENT
 	}
 	return t, 0
-}
-
-// hides applies the view's rules that depend on what an entry is: symlinks
-// whose target is absolute or leaves the space, and, in a space with rules,
-// regular files with more than one hard link (their other name may be a
-// protected file). link reads a symlink's target when needed.
-func (v *View) hides(cfg *acl.Config, sp acl.Space, path string, st *unix.Stat_t, link func() (string, error)) bool {
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFLNK:
-		target, err := link()
-		return err != nil || escapes(path, target)
-	case unix.S_IFREG:
-		return multiNamed(st) && !v.opts.AllowHardlinks && cfg.HasRules(sp)
-	}
-	return false
 }
 
 // multiNamed reports a regular file with more than one name: in a space
@@ -336,7 +301,7 @@ func (n *node) newChild(ctx context.Context, st *unix.Stat_t, path string, ruled
 			out.SetAttrTimeout(ttl)
 		}
 	}
-	if ruledSpace := n.view.rules.Load().HasRules(n.space); ruledSpace && !n.view.opts.AllowHardlinks {
+	if n.view.decision().hidesLinked(n.space) {
 		w.shows(st)
 	}
 	child := &node{view: n.view, space: n.space, dev: st.Dev, ino: st.Ino}

@@ -59,10 +59,10 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	snap := r.view.snapshot()
-	vis, ruled := snap.cfg.Visible(sp, "/", snap.atoms)
+	d := r.view.decision()
+	vis, ruled := d.path(sp, "/")
 	if !vis {
-		r.view.auditDeny(snap.atoms, sp, "/", opLookup.String())
+		r.view.auditDeny(d.atoms, sp, "/", opLookup.String())
 		return nil, syscall.ENOENT
 	}
 	b := r.view.spaces[sp]
@@ -115,11 +115,11 @@ func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno
 	if d.view.closed.Load() {
 		return nil, syscall.EIO
 	}
-	snap := d.view.snapshot()
+	dec := d.view.decision()
 	for d.next < len(acl.Spaces) {
 		sp := acl.Spaces[d.next]
 		d.next++
-		if vis, _ := snap.cfg.Visible(sp, "/", snap.atoms); vis {
+		if dec.shows(sp, "/") {
 			var st unix.Stat_t
 			unix.Fstat(d.view.spaces[sp].fd, &st)
 			return &fuse.DirEntry{Name: sp.String(), Mode: unix.S_IFDIR, Ino: d.view.stableAttr(&st).Ino, Off: uint64(d.next)}, 0
@@ -137,8 +137,7 @@ func (d *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	snap := d.view.snapshot()
-	if _, ruled := snap.cfg.Visible(sp, "/", snap.atoms); ruled {
+	if _, ruled := d.view.decision().path(sp, "/"); ruled {
 		return nil, syscall.ENOENT
 	}
 	in, errno := d.view.root.Lookup(ctx, name, out)

@@ -3,13 +3,21 @@
 // lookup, readdir, open and mutation is decided by the path rules (acl)
 // against the session's current context.
 //
-// One choke point, (*node).prepare, takes what an operation names and the
-// operation's kind (lookup, mutate, create, exchange, I/O), decides with the
-// rules for the path and every directory above it, then reaches the backing
-// tree beneath its root with openat2, checks that a node still stands for
-// the inode it was made for, and applies the hiding rules (symlinks out of
-// the space, multiply-linked files in ruled spaces). Denied paths do not
-// exist (ENOENT); creating a denied name gets EACCES.
+// Every decision is made by one type, decision (decide.go), the only code
+// that consults the rules: a path, what an entry is (the hiding rules:
+// symlinks out of the space, multiply-linked files in ruled spaces), a
+// listed entry, an open handle, and what a switch or reload must drop from
+// the kernel's caches. Node operations reach it through one choke point,
+// (*node).prepare, which takes what an operation names and its kind
+// (lookup, mutate, create, exchange, I/O), decides, then reaches the
+// backing tree beneath its root with openat2 and checks that a node still
+// stands for the inode it was made for; listings (dir.go), open handles
+// (file.go) and the view's root (root.go) ask the same decision for what
+// they hand out. Denied paths do not exist (ENOENT); creating a denied name
+// gets EACCES.
+//
+// What the views of a daemon share, and the lock order, belong to a Host
+// (host.go).
 //
 // Authority is never more than the caller's: a root daemon runs every
 // backing call with the requesting process's fsuid, fsgid and groups
@@ -583,12 +591,12 @@ func (v *View) invalidate(scoped bool) error {
 		if scoped {
 			// Only entries a rule governs can change their decision; the
 			// walk descends only where a rule names a path below.
-			cfg, atoms := v.rules.Load(), *v.atoms.Load()
+			d := v.decision()
 			ruled := func(sp acl.Space, p string) bool {
-				_, r := cfg.Visible(sp, p, atoms)
+				_, r := d.path(sp, p)
 				return r
 			}
-			v.dropWhere(func(sp acl.Space, p string) bool { return ruled(sp, p) || cfg.HasRulesUnder(sp, p) }, ruled)
+			v.dropWhere(d.sensitive, ruled)
 		} else {
 			v.invalidateEntries(v.root.EmbeddedInode())
 		}
@@ -624,15 +632,11 @@ func (v *View) invalidateChanged(old, cfg *acl.Config) {
 		v.invalidateEntries(v.root.EmbeddedInode())
 		return
 	}
-	atoms := *v.atoms.Load()
-	changed := func(sp acl.Space, p string) bool {
-		if old.HasRules(sp) != cfg.HasRules(sp) {
-			return true
-		}
-		ov, or := old.Visible(sp, p, atoms)
-		nv, nr := cfg.Visible(sp, p, atoms)
-		return ov != nv || or != nr
-	}
+	now := v.decision()
+	now.cfg = cfg
+	before := now
+	before.cfg = old
+	changed := func(sp acl.Space, p string) bool { return now.changedFrom(before, sp, p) }
 	v.dropWhere(func(acl.Space, string) bool { return true }, changed)
 }
 
@@ -714,12 +718,12 @@ func (v *View) notifyEntry(dir *fs.Inode, name string) {
 // space with rules such a file is hidden, wherever the new name is: every
 // cached entry and listing of such a space on those filesystems goes.
 func (v *View) linkedOn(devs map[uint64]bool) {
-	if v.closed.Load() || v.opts.AllowHardlinks {
+	if v.closed.Load() {
 		return
 	}
-	cfg, dropped := v.rules.Load(), false
+	d, dropped := v.decision(), false
 	for sp, b := range v.spaces {
-		if b == nil || !devs[b.dev] || !cfg.HasRules(acl.Space(sp)) {
+		if b == nil || !devs[b.dev] || !d.hidesLinked(acl.Space(sp)) {
 			continue
 		}
 		if in := v.root.GetChild(acl.Space(sp).String()); in != nil {

@@ -383,7 +383,7 @@ func (w *Watcher) flush() {
 				var st unix.Stat_t
 				linked[p] = unix.Lstat(p, &st) == nil && multiNamed(&st)
 			}
-			if linked[p] && !v.opts.AllowHardlinks && v.rules.Load().HasRules(t.n.space) {
+			if linked[p] && v.decision().hidesLinked(t.n.space) {
 				if sp := v.root.GetChild(t.n.space.String()); sp != nil {
 					v.invalidateEntries(sp)
 				}
@@ -393,7 +393,7 @@ func (w *Watcher) flush() {
 		dir := t.n.EmbeddedInode()
 		dir.NotifyContent(-1, 0) // the directory's own attributes (mtime, nlink)
 		if t.name == "" {
-			if t.mask&unix.IN_MOVE_SELF != 0 && v.rules.Load().HasRules(t.n.space) {
+			if t.mask&unix.IN_MOVE_SELF != 0 && v.decision().ruledSpace(t.n.space) {
 				// The names below moved with it: rules may decide them
 				// differently now.
 				v.lists.epoch.Add(1)

@@ -1,0 +1,159 @@
+package fsys
+
+import (
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/acl"
+	cctx "github.com/condfs/condfs/context"
+)
+
+// decision is the state one operation decides with, read once so that an
+// operation never mixes two configs or two contexts, and the only code of
+// the package that consults the rules (TestOnlyDecisionConsultsRules checks
+// it). Each kind of decision is written here once:
+//
+//   - a path (path, shows, denial): the rules for the path and every
+//     directory above it, in the view's context;
+//   - what an entry is (hides): a symlink whose target is absolute or
+//     leaves the space is hidden, and so is a regular file with more than
+//     one name in a space with rules (the hard-link rule, hidesLinked: its
+//     other name may be a protected file);
+//   - a listed entry (listed), decided as its lookup would be;
+//   - an open handle (handle), for the path its file has now;
+//   - what the kernel's caches must lose when the context or the rules
+//     change (sensitive, holdsRuled, changedFrom).
+type decision struct {
+	cfg       *acl.Config
+	atoms     cctx.Set
+	hardlinks bool // Options.AllowHardlinks: the hard-link rule is off
+}
+
+func (v *View) decision() decision {
+	return decision{cfg: v.rules.Load(), atoms: *v.atoms.Load(), hardlinks: v.opts.AllowHardlinks}
+}
+
+// path decides the canonical path p of space sp: whether the view shows it,
+// and whether some rule governs it or a directory above it (ruled).
+func (d decision) path(sp acl.Space, p string) (vis, ruled bool) {
+	return d.cfg.Visible(sp, p, d.atoms)
+}
+
+// shows reports whether the view shows p.
+func (d decision) shows(sp acl.Space, p string) bool {
+	vis, _ := d.path(sp, p)
+	return vis
+}
+
+// denial is the answer to op on dir's name, which the rules hide: EACCES
+// for I/O on a handle, and for making (or exchanging) a name in a
+// directory the view shows; ENOENT otherwise, since hidden names do not
+// exist.
+func (d decision) denial(op opKind, sp acl.Space, dir, name string) syscall.Errno {
+	switch op {
+	case opIO:
+		return syscall.EACCES
+	case opCreate, opExchange:
+		if name != "" && d.shows(sp, dir) {
+			return syscall.EACCES
+		}
+	}
+	return syscall.ENOENT
+}
+
+// hidesLinked is the hard-link rule: in a space with rules, a regular file
+// with more than one name is hidden (its other name may be protected) and
+// link(2) is refused.
+func (d decision) hidesLinked(sp acl.Space) bool {
+	return !d.hardlinks && d.cfg.HasRules(sp)
+}
+
+// ruledSpace reports whether sp has rules at all: names below a directory
+// that moves may then be decided differently.
+func (d decision) ruledSpace(sp acl.Space) bool { return d.cfg.HasRules(sp) }
+
+// hides applies the rules that depend on what an entry is (st), at path p:
+// symlinks whose target is absolute or leaves the space, and multiply
+// linked regular files under the hard-link rule. link reads a symlink's
+// target when needed.
+func (d decision) hides(sp acl.Space, p string, st *unix.Stat_t, link func() (string, error)) bool {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		target, err := link()
+		return err != nil || escapes(p, target)
+	case unix.S_IFREG:
+		return multiNamed(st) && d.hidesLinked(sp)
+	}
+	return false
+}
+
+// listed decides an entry a listing hands out at path p, of dirent type
+// typ: shown, and whether what it is must be read first and passed to
+// hides (a symlink, an unknown type, or a regular file the hard-link rule
+// may hide).
+func (d decision) listed(sp acl.Space, p string, typ uint8) (show, check bool) {
+	if !d.shows(sp, p) {
+		return false, false
+	}
+	return true, typ == unix.DT_LNK || typ == unix.DT_UNKNOWN || (typ == unix.DT_REG && d.hidesLinked(sp))
+}
+
+// handle decides an open file that is now at p with nlink names (named is
+// false when it left the space or cannot be named: no authority).
+func (d decision) handle(sp acl.Space, p string, nlink uint64, named bool) bool {
+	return named && d.shows(sp, p) && !(nlink > 1 && d.hidesLinked(sp))
+}
+
+// sensitive reports whether a context switch can change what a listing of
+// the directory p shows: a rule governs it or a path below it.
+func (d decision) sensitive(sp acl.Space, p string) bool {
+	_, ruled := d.path(sp, p)
+	return ruled || d.holdsRuled(sp, p)
+}
+
+// holdsRuled reports whether a rule names a path below p: such a
+// directory never moves (its protected paths would walk out from under
+// their rules), and a switch must look below it for entries to drop.
+func (d decision) holdsRuled(sp acl.Space, p string) bool { return d.cfg.HasRulesUnder(sp, p) }
+
+// changedFrom reports whether p is decided differently by d than by old
+// (the rules before a reload, in the same context): its visibility, its
+// being ruled, or the hard-link rule of its space.
+func (d decision) changedFrom(old decision, sp acl.Space, p string) bool {
+	if old.hidesLinked(sp) != d.hidesLinked(sp) {
+		return true
+	}
+	ov, or := old.path(sp, p)
+	nv, nr := d.path(sp, p)
+	return ov != nv || or != nr
+}
+
+// escapes reports whether a symlink at canonical path linkPath with the
+// given target leaves its space: an absolute target, or one whose ".."
+// climb above the space root (checked lexically; every further link on
+// the way is checked where it stands).
+func escapes(linkPath, target string) bool {
+	if target == "" || strings.HasPrefix(target, "/") {
+		return true
+	}
+	dir, _ := split(linkPath)
+	depth := 0
+	if dir != "/" {
+		depth = strings.Count(dir, "/")
+	}
+	for _, seg := range strings.Split(target, "/") {
+		switch seg {
+		case "", ".":
+		case "..":
+			depth--
+			if depth < 0 {
+				return true
+			}
+		default:
+			depth++
+		}
+	}
+	return false
+}

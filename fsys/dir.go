@@ -263,3 +263,64 @@ func parseDirent(b []byte) (name string, typ uint8, ino, off uint64, reclen int)
 	}
 	return string(nameb), typ, ino, off, reclen
 }
+
+// connFS is what a connection (a view's own, or the hub's) answers beyond
+// go-fuse's bridge, which it wraps: directories are opened by the kernel
+// with no handle, each listing opens its directory for itself (withDir),
+// and an absence the nodes mark as one the kernel may remember becomes a
+// negative entry (Lookup, node.go).
+type connFS struct {
+	fuse.RawFileSystem
+}
+
+// OpenDir answers ENOSYS: the kernel then opens every directory of the
+// connection by itself, with no OPENDIR or RELEASEDIR round trip, and keeps
+// the listings it reads in its cache until the daemon drops them
+// (listing.go). READDIR and FSYNCDIR come with no handle (withDir).
+func (c connFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	return fuse.ENOSYS
+}
+
+func (c connFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return c.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
+		in := *input
+		in.Fh = fh
+		return c.RawFileSystem.ReadDir(cancel, &in, out)
+	})
+}
+
+func (c connFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return c.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
+		in := *input
+		in.Fh = fh
+		return c.RawFileSystem.ReadDirPlus(cancel, &in, out)
+	})
+}
+
+func (c connFS) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) fuse.Status {
+	return c.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
+		in := *input
+		in.Fh = fh
+		return c.RawFileSystem.FsyncDir(cancel, &in)
+	})
+}
+
+// withDir runs op on the directory the request names, opened for it alone,
+// as the request's caller, through the nodes' own OPENDIR handling (the
+// choke point decides it), and released after. The kernel opened the
+// directory with no handle (OpenDir): a request that carries one is refused.
+func (c connFS) withDir(cancel <-chan struct{}, h *fuse.InHeader, fh uint64, op func(fh uint64) fuse.Status) fuse.Status {
+	if fh != 0 {
+		return fuse.EBADF
+	}
+	var open fuse.OpenOut
+	if code := c.RawFileSystem.OpenDir(cancel, &fuse.OpenIn{InHeader: *h, Flags: syscall.O_RDONLY}, &open); code != fuse.OK {
+		return code
+	}
+	defer c.RawFileSystem.ReleaseDir(&fuse.ReleaseIn{InHeader: *h, Fh: open.Fh})
+	return op(open.Fh)
+}
+
+// ReleaseDir never comes (no directory is opened with a handle); a handle
+// withDir opened is released there.
+func (c connFS) ReleaseDir(input *fuse.ReleaseIn) {}

@@ -4,18 +4,19 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// guardFS recovers a panic in any FUSE operation: that request alone fails
-// closed (EIO, or nothing for requests without an answer), the stack is
-// logged, the view (or hub) counts it, and every other request and session goes on.
-// It wraps go-fuse's bridge, so a panic in condfs's nodes or in go-fuse's
-// own code is caught alike. (Written from fuse.RawFileSystem, one method
-// each.)
+// guardFS recovers a panic in any FUSE operation and observes every one,
+// and does nothing else: a request that panics alone fails closed (EIO, or
+// nothing for requests without an answer), the stack is logged, the view (or
+// hub) counts it, and every other request and session goes on. It is the
+// outermost layer of a connection (connFS, then go-fuse's bridge), so a
+// panic in condfs's nodes or in go-fuse's own code is caught alike. One
+// method for each of fuse.RawFileSystem's (TestGuardCatchesEveryOperation
+// drives each of them into a panic).
 type guardFS struct {
 	fuse.RawFileSystem
 	panics *atomic.Int64
@@ -52,13 +53,7 @@ func (g guardFS) recovered(op string, r any, code *fuse.Status) {
 
 func (g guardFS) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) (code fuse.Status) {
 	defer g.done("Lookup", g.now(), &code)
-	code = g.RawFileSystem.Lookup(cancel, header, name, out)
-	if code == fuse.ENOENT && out.NodeId == 0 && out.EntryTimeout() > 0 {
-		// node.Lookup marked the absence as one the kernel may remember:
-		// a reply without a node is a negative entry.
-		code = fuse.OK
-	}
-	return code
+	return g.RawFileSystem.Lookup(cancel, header, name, out)
 }
 
 func (g guardFS) Forget(nodeid uint64, nlookup uint64) {
@@ -221,62 +216,29 @@ func (g guardFS) Fallocate(cancel <-chan struct{}, input *fuse.FallocateIn) (cod
 	return g.RawFileSystem.Fallocate(cancel, input)
 }
 
-// OpenDir answers ENOSYS: the kernel then opens every directory of the
-// connection by itself, with no OPENDIR or RELEASEDIR round trip, and keeps
-// the listings it reads in its cache until the daemon drops them
-// (listing.go). READDIR and FSYNCDIR come with no handle (withDir).
 func (g guardFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) (code fuse.Status) {
 	defer g.done("OpenDir", g.now(), &code)
-	return fuse.ENOSYS
+	return g.RawFileSystem.OpenDir(cancel, input, out)
 }
 
 func (g guardFS) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
 	defer g.done("ReadDir", g.now(), &code)
-	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
-		in := *input
-		in.Fh = fh
-		return g.RawFileSystem.ReadDir(cancel, &in, out)
-	})
+	return g.RawFileSystem.ReadDir(cancel, input, out)
 }
 
 func (g guardFS) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) (code fuse.Status) {
 	defer g.done("ReadDirPlus", g.now(), &code)
-	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
-		in := *input
-		in.Fh = fh
-		return g.RawFileSystem.ReadDirPlus(cancel, &in, out)
-	})
+	return g.RawFileSystem.ReadDirPlus(cancel, input, out)
 }
 
 func (g guardFS) FsyncDir(cancel <-chan struct{}, input *fuse.FsyncIn) (code fuse.Status) {
 	defer g.done("FsyncDir", g.now(), &code)
-	return g.withDir(cancel, &input.InHeader, input.Fh, func(fh uint64) fuse.Status {
-		in := *input
-		in.Fh = fh
-		return g.RawFileSystem.FsyncDir(cancel, &in)
-	})
+	return g.RawFileSystem.FsyncDir(cancel, input)
 }
 
-// withDir runs op on the directory the request names, opened for it alone,
-// as the request's caller, through the nodes' own OPENDIR handling (the
-// choke point decides it), and released after. The kernel opened the
-// directory with no handle (OpenDir): a request that carries one is refused.
-func (g guardFS) withDir(cancel <-chan struct{}, h *fuse.InHeader, fh uint64, op func(fh uint64) fuse.Status) fuse.Status {
-	if fh != 0 {
-		return fuse.EBADF
-	}
-	var open fuse.OpenOut
-	if code := g.RawFileSystem.OpenDir(cancel, &fuse.OpenIn{InHeader: *h, Flags: syscall.O_RDONLY}, &open); code != fuse.OK {
-		return code
-	}
-	defer g.RawFileSystem.ReleaseDir(&fuse.ReleaseIn{InHeader: *h, Fh: open.Fh})
-	return op(open.Fh)
-}
-
-// ReleaseDir never comes (no directory is opened with a handle); a
-// handle withDir opened is released there.
 func (g guardFS) ReleaseDir(input *fuse.ReleaseIn) {
 	defer g.done("ReleaseDir", g.now(), nil)
+	g.RawFileSystem.ReleaseDir(input)
 }
 
 func (g guardFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *fuse.StatfsOut) (code fuse.Status) {
@@ -287,4 +249,11 @@ func (g guardFS) StatFs(cancel <-chan struct{}, input *fuse.InHeader, out *fuse.
 func (g guardFS) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.StatxOut) (code fuse.Status) {
 	defer g.done("Statx", g.now(), &code)
 	return g.RawFileSystem.Statx(cancel, input, out)
+}
+
+// OnUnmount is go-fuse's call when the connection ends (a panic there
+// would end the daemon, every session with it).
+func (g guardFS) OnUnmount() {
+	defer g.done("OnUnmount", g.now(), nil)
+	g.RawFileSystem.OnUnmount()
 }

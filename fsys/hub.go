@@ -125,7 +125,7 @@ func newHub(o hubOptions) (*hub, error) {
 		// Modes reach the kernel as they are (see newView).
 		NullPermissions: true,
 	}
-	rawFS := guardFS{RawFileSystem: fs.NewNodeFS(h.root, fsOpts), panics: &h.panics, log: h.log, observe: o.Observe}
+	rawFS := guardFS{RawFileSystem: connFS{fs.NewNodeFS(h.root, fsOpts)}, panics: &h.panics, log: h.log, observe: o.Observe}
 	mpfd, err := safepath.OpenDir(o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)

@@ -399,6 +399,17 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, list
 	return n.newChild(ctx, &t.st, t.path, t.ruled, out), 0
 }
 
+// Lookup: node.lookup marks an absence the kernel may remember (a hidden
+// or missing name) with an entry timeout and no node; the answer is then a
+// negative entry, not ENOENT (which the kernel does not cache).
+func (c connFS) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	code := c.RawFileSystem.Lookup(cancel, header, name, out)
+	if code == fuse.ENOENT && out.NodeId == 0 && out.EntryTimeout() > 0 {
+		code = fuse.OK
+	}
+	return code
+}
+
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if fh, ok := f.(*fileHandle); ok {
 		return fh.Getattr(ctx, out)

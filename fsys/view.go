@@ -255,7 +255,7 @@ func (h *Host) newView(opts Options) (*View, error) {
 	}
 	if v.hub == nil {
 		// A hub view's root becomes a node of the hub's tree instead.
-		v.rawFS = guardFS{RawFileSystem: fs.NewNodeFS(v.root, v.fsOpts), panics: &v.panics, log: v.log, observe: h.observe}
+		v.rawFS = guardFS{RawFileSystem: connFS{fs.NewNodeFS(v.root, v.fsOpts)}, panics: &v.panics, log: v.log, observe: h.observe}
 	}
 	return v, nil
 }

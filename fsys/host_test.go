@@ -243,7 +243,7 @@ func TestRenameRevokesOnlyWhatItMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v2.closeBacking()
-	other.v = v2
+	other.attach(v2)
 	one, two, three := f.openRead("a", "one.md"), f.openRead("b", "two.md"), other.openRead("private", "three.md")
 	oneThere := other.openRead("a", "one.md")
 	ctx := context.Background()
@@ -284,7 +284,7 @@ func TestSwitchKeepsOtherViewsDecisions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v2.closeBacking()
-	other.v = v2
+	other.attach(v2)
 	mine, theirs := f.openRead("notes.md"), other.openRead("notes.md")
 	decidedAt := func(h *fileHandle) uint64 {
 		h.mu.Lock()

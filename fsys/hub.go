@@ -39,13 +39,9 @@ import (
 type hub struct {
 	dir     string
 	root    *hubRoot
-	server  *fuse.Server
-	devFD   int
+	conn    *conn
 	dirFD   int // O_PATH fd of the mounted hub root, to reach views by name
-	mntID   uint64
-	epoch   bool
 	log     *slog.Logger
-	done    chan struct{}
 	seq     atomic.Uint64
 	panics  atomic.Int64
 	closing atomic.Bool
@@ -107,7 +103,7 @@ func newHub(o hubOptions) (*hub, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &hub{dir: o.Dir, devFD: -1, dirFD: -1, log: o.Logger, done: make(chan struct{}), timeout: o.AttrTimeout}
+	h := &hub{dir: o.Dir, dirFD: -1, log: o.Logger, timeout: o.AttrTimeout}
 	h.root = &hubRoot{mountedAt: time.Now()}
 	if err := safepath.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
@@ -125,60 +121,24 @@ func newHub(o hubOptions) (*hub, error) {
 		// Modes reach the kernel as they are (see newView).
 		NullPermissions: true,
 	}
-	rawFS := guardFS{RawFileSystem: connFS{fs.NewNodeFS(h.root, fsOpts)}, panics: &h.panics, log: h.log, observe: o.Observe}
 	mpfd, err := safepath.OpenDir(o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
 	}
-	fd, err := mountFUSE(mpfd, true)
+	c, err := mountConn(connOptions{
+		mp: o.Dir, mpfd: mpfd, root: h.root, fsOpts: fsOpts, private: true, log: h.log,
+		guard: guardFS{panics: &h.panics, log: h.log, observe: o.Observe},
+	})
 	unix.Close(mpfd)
 	if err != nil {
-		return nil, fmt.Errorf("hub: mount %s: %w", o.Dir, err)
-	}
-	// Nothing mounted below the hub spreads to other namespaces, and
-	// nothing mounted elsewhere spreads into it.
-	if err := unix.Mount("", o.Dir, "", unix.MS_PRIVATE, ""); err != nil {
-		unix.Unmount(o.Dir, unix.MNT_DETACH)
-		unix.Close(fd)
-		return nil, fmt.Errorf("hub: make %s private: %w", o.Dir, err)
-	}
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
-	if err != nil {
-		unix.Unmount(o.Dir, unix.MNT_DETACH)
-		unix.Close(fd)
-		return nil, fmt.Errorf("hub: dup /dev/fuse: %w", err)
-	}
-	h.devFD = dup
-	server, err := fuse.NewServer(rawFS, fmt.Sprintf("/dev/fd/%d", fd), &fsOpts.MountOptions)
-	if err != nil {
-		unix.Unmount(o.Dir, unix.MNT_DETACH)
-		unix.Close(fd)
-		unix.Close(dup)
 		return nil, fmt.Errorf("hub: %w", err)
 	}
-	h.server = server
-	go func() {
-		server.Serve()
-		close(h.done)
-	}()
-	if err := server.WaitMount(); err != nil {
-		h.Close()
-		return nil, fmt.Errorf("hub: %w", err)
-	}
+	h.conn = c
 	if h.dirFD, err = safepath.OpenDir(o.Dir); err != nil {
 		h.Close()
 		return nil, fmt.Errorf("hub: %w", err)
 	}
-	var stx unix.Statx_t
-	if err := unix.Statx(h.dirFD, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
-		h.Close()
-		return nil, fmt.Errorf("hub: %w", err)
-	}
-	h.mntID = stx.Mnt_id
-	if os.Getenv("CONDFS_INVALIDATION") != "entries" {
-		h.epoch = incEpoch(h.devFD) == nil
-	}
-	h.log.Info("hub mounted", "dir", o.Dir, "inc_epoch", h.epoch)
+	h.log.Info("hub mounted", "dir", o.Dir, "inc_epoch", c.epoch.Load())
 	return h, nil
 }
 
@@ -274,19 +234,14 @@ func (h *hub) Close() error {
 			unix.Close(h.dirFD)
 			h.dirFD = -1
 		}
+		if h.conn == nil {
+			return
+		}
 		if e := unix.Unmount(h.dir, unix.MNT_DETACH); e != nil && e != unix.EINVAL {
 			err = fmt.Errorf("unmount hub %s: %w", h.dir, e)
 		}
-		if h.server != nil {
-			select {
-			case <-h.done:
-			case <-time.After(10 * time.Second):
-				err = errors.Join(err, fmt.Errorf("unmount hub %s: server did not stop", h.dir))
-			}
-		}
-		if h.devFD >= 0 {
-			unix.Close(h.devFD)
-			h.devFD = -1
+		if !h.conn.release(10*time.Second, h.log, nil) {
+			err = errors.Join(err, fmt.Errorf("unmount hub %s: server did not stop", h.dir))
 		}
 	})
 	return err

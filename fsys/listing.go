@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
 )
 
 // Directory listings in the kernel's cache.
@@ -290,4 +291,62 @@ func (v *View) hiddenNow(dir *node, name string) bool {
 		return true
 	}
 	return !v.decision().shows(dir.space, join(p, name))
+}
+
+// dropCaches drops every entry and listing the kernel caches for v.
+func (v *View) dropCaches() {
+	if v.closed.Load() {
+		return
+	}
+	if !v.bumpEpoch(false) {
+		v.invalidateEntries(v.root.EmbeddedInode())
+	}
+	v.lists.epoch.Add(1)
+	v.dropListings(nil)
+}
+
+func (n *node) wdSlot() *atomic.Int32 { return &n.wd }
+func (n *node) owner() changeSink     { return n.view }
+
+// changed is the watcher's report of a change in the backing directory n
+// stands for (dir): name made, removed, moved, or changed in its
+// attributes or content ("" for the directory itself).
+func (n *node) changed(name string, mask uint32, dir string, multiNamedAt func(p string) bool) {
+	v := n.view
+	if v.closed.Load() {
+		return
+	}
+	if mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && name != "" && !v.host.watcher.watchesLinks(n.backing()) {
+		// A new name for an existing file (link(2)) changes no event of
+		// the file's other names' directories, yet hides them in a space
+		// with rules: every cached entry of that space goes. (The link
+		// watch reports it instead where it runs, wherever the name is
+		// made.)
+		if v.decision().hidesLinked(n.space) && multiNamedAt(dir+"/"+name) {
+			if sp := v.root.GetChild(n.space.String()); sp != nil {
+				v.invalidateEntries(sp)
+			}
+			v.dropListings(nil)
+		}
+	}
+	in := n.EmbeddedInode()
+	in.NotifyContent(-1, 0) // the directory's own attributes (mtime, nlink)
+	if name == "" {
+		if mask&unix.IN_MOVE_SELF != 0 && v.decision().ruledSpace(n.space) {
+			// The names below moved with it: rules may decide them
+			// differently now.
+			v.lists.epoch.Add(1)
+			v.dropListings(nil)
+		}
+		return
+	}
+	if mask&^(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) != 0 {
+		// Made, removed, moved, or its attributes changed (a link count, a
+		// mode): the next access looks it up and decides, and a cached
+		// listing goes (after the listings in flight).
+		v.dropListing(in, name)
+	}
+	if ch := in.GetChild(name); ch != nil {
+		ch.NotifyContent(0, 0) // attributes and cached pages
+	}
 }

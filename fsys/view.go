@@ -103,13 +103,9 @@ type View struct {
 	spaces      [2]*backing
 	root        *rootNode
 	rootAccess  rootAccess // fixed for the view's life: who may enter it
-	rawFS       fuse.RawFileSystem
 	fsOpts      *fs.Options
-	server      *fuse.Server
-	devFD       int         // our own dup of the /dev/fuse fd, for notifications
-	mntID       uint64      // the kernel's id of our mount, to unmount exactly it
-	fusermount  bool        // mounted by fusermount3 (a daemon that is not root)
-	epoch       atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
+	conn        *conn       // the view's own connection; nil in a hub (or not mounted)
+	mntID       uint64      // the kernel's id of the view's mount, to unmount exactly it
 	switchCreds bool        // root: act as each caller
 	reloadOld   *acl.Config // the rules before the reload being applied (Invalidate)
 	// auth counts the view's context switches and reloads: with the
@@ -128,7 +124,6 @@ type View struct {
 	log        *slog.Logger
 	closed     atomic.Bool
 	unmounts   sync.Once
-	done       chan struct{}
 	// mountedAt is the mount root's timestamp.
 	mountedAt time.Time
 
@@ -209,7 +204,7 @@ func (h *Host) newView(opts Options) (*View, error) {
 		opts.AttrTimeout = DefaultAttrTimeout
 	}
 	v := &View{
-		host: h, opts: opts, rules: opts.Rules, devFD: -1, log: h.log, done: make(chan struct{}),
+		host: h, opts: opts, rules: opts.Rules, log: h.log,
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
 		lists:    listings{listed: map[*fs.Inode]*listed{}},
 		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
@@ -252,10 +247,6 @@ func (h *Host) newView(opts Options) (*View, error) {
 		// admitted uid open a 000 directory, read its cached listing and
 		// walk through it.
 		NullPermissions: true,
-	}
-	if v.hub == nil {
-		// A hub view's root becomes a node of the hub's tree instead.
-		v.rawFS = guardFS{RawFileSystem: connFS{fs.NewNodeFS(v.root, v.fsOpts)}, panics: &v.panics, log: v.log, observe: h.observe}
 	}
 	return v, nil
 }
@@ -370,73 +361,24 @@ func (h *Host) revokeMoved(dev uint64, moved []string) {
 	}
 }
 
-// mount mounts the view and keeps the /dev/fuse fd (to send
-// FUSE_NOTIFY_INC_EPOCH, which go-fuse has no call for), handing go-fuse the
-// connection as "/dev/fd/N". A root daemon calls mount(2) itself; without
-// the privilege to (or to open /dev/fuse), fusermount3 mounts and passes the
-// fd back over a socket (_FUSE_COMMFD), as libfuse does, so a non-root daemon
-// holds it too.
+// mount mounts the view on a connection of its own.
 func (v *View) mount() error {
-	mp := v.opts.Mountpoint
-	rawFS, fsOpts := v.rawFS, v.fsOpts
-	fd, err := v.mountDirect(&fsOpts.MountOptions)
-	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
-		v.log.Debug("no privilege to mount directly; using fusermount3", "mountpoint", mp, "err", err)
-		fd, err = mountFusermount(mp, fsOpts.AllowOther)
-		v.fusermount = err == nil
-	}
+	mpfd, err := v.mountpointFD()
 	if err != nil {
-		return fmt.Errorf("mount %s: %w", mp, err)
+		return fmt.Errorf("mount %s: %w", v.opts.Mountpoint, err)
 	}
-	undo := func() {
-		if v.fusermount {
-			fusermountUnmount(mp)
-		} else {
-			unix.Unmount(mp, unix.MNT_DETACH)
-		}
-		unix.Close(fd)
+	if v.opts.MountFD <= 0 {
+		defer unix.Close(mpfd)
 	}
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+	c, err := mountConn(connOptions{
+		mp: v.opts.Mountpoint, mpfd: mpfd, root: v.root, fsOpts: v.fsOpts, fusermount: true, log: v.log,
+		guard: guardFS{panics: &v.panics, log: v.log, observe: v.host.observe},
+	})
 	if err != nil {
-		undo()
-		return fmt.Errorf("mount %s: dup /dev/fuse: %w", mp, err)
+		return err
 	}
-	v.devFD = dup
-	server, err := fuse.NewServer(rawFS, fmt.Sprintf("/dev/fd/%d", fd), &fsOpts.MountOptions)
-	if err != nil {
-		undo()
-		unix.Close(dup)
-		v.devFD = -1
-		return fmt.Errorf("mount %s: %w", mp, err)
-	}
-	v.server = server
-	go func() {
-		server.Serve()
-		close(v.done)
-	}()
-	if err := server.WaitMount(); err != nil {
-		v.Unmount()
-		return fmt.Errorf("mount %s: %w", mp, err)
-	}
-	if v.devFD >= 0 {
-		id, err := mountID(mp)
-		if err != nil {
-			v.Unmount()
-			return fmt.Errorf("mount %s: find the new mount: %w", mp, err)
-		}
-		v.mntID = id
-	}
-	// Probe the epoch notification once; older kernels answer EINVAL.
-	// CONDFS_INVALIDATION=entries forces the per-entry path, as on those
-	// kernels (so that it can be tested and compared anywhere).
-	if v.devFD >= 0 && os.Getenv("CONDFS_INVALIDATION") != "entries" {
-		err := incEpoch(v.devFD)
-		v.epoch.Store(err == nil)
-		if err != nil {
-			v.log.Info("kernel has no FUSE_NOTIFY_INC_EPOCH; using per-entry invalidation", "err", err)
-		}
-	}
-	v.log.Debug("view mounted", "mountpoint", mp, "inc_epoch", v.epoch.Load())
+	v.conn, v.mntID = c, c.mntID
+	v.log.Debug("view mounted", "mountpoint", v.opts.Mountpoint, "inc_epoch", c.epoch.Load())
 	return nil
 }
 
@@ -463,17 +405,6 @@ func (v *View) mountpointFD() (int, error) {
 		return v.opts.MountFD, nil
 	}
 	return safepath.OpenDir(v.opts.Mountpoint)
-}
-
-func (v *View) mountDirect(mo *fuse.MountOptions) (int, error) {
-	mpfd, err := v.mountpointFD()
-	if err != nil {
-		return -1, err
-	}
-	if v.opts.MountFD <= 0 {
-		defer unix.Close(mpfd)
-	}
-	return mountFUSE(mpfd, mo.AllowOther)
 }
 
 // mountFUSE mounts a new FUSE connection on the directory mpfd and
@@ -645,24 +576,10 @@ func (v *View) invalidateChanged(old, cfg *acl.Config) {
 // serves every session: a context switch concerns one session, so only a
 // reload (unscoped) bumps a hub's epoch.
 func (v *View) bumpEpoch(scoped bool) bool {
-	fd := v.devFD
 	if v.hub != nil {
-		if scoped || !v.hub.epoch {
-			return false
-		}
-		fd = v.hub.devFD
-	} else if !v.epoch.Load() {
-		return false
+		return !scoped && v.hub.conn.bumpEpoch(v.log)
 	}
-	err := incEpoch(fd)
-	if err == nil || errors.Is(err, unix.ENOENT) {
-		return true
-	}
-	v.log.Warn("FUSE_NOTIFY_INC_EPOCH failed; falling back to per-entry invalidation", "err", err)
-	if v.hub == nil {
-		v.epoch.Store(false)
-	}
-	return false
+	return v.conn.bumpEpoch(v.log)
 }
 
 // dropWhere drops, deepest first, the cached entries of every space (its
@@ -754,10 +671,9 @@ func (v *View) Unmount() error {
 		v.revoke()
 		v.forgetListings()
 		if w := v.host.watcher; w != nil {
-			w.removeView(v)
+			w.removeOwner(v)
 		}
 		v.host.unregister(v)
-		mp := v.opts.Mountpoint
 		if v.hub != nil {
 			// The bind mount goes (by its id, as below); the view's nodes
 			// live on in the hub until the kernel forgets them, and no
@@ -769,43 +685,18 @@ func (v *View) Unmount() error {
 			v.hub.detach(v)
 			return
 		}
-		if v.devFD >= 0 {
-			// We mounted it, so we unmount it: exactly the mount we made,
-			// found without following symlinks and by its mount id, then
-			// unmounted through that fd (a path swapped meanwhile cannot
-			// redirect it). MNT_DETACH lets a busy mount go once its last
-			// user leaves.
-			err = v.unmountOwn()
-		} else if v.server != nil {
-			if e := v.server.Unmount(); e != nil {
-				err = fmt.Errorf("unmount %s: %w", mp, e)
-			}
-		}
-		release := func() {
-			if v.devFD >= 0 {
-				unix.Close(v.devFD)
-				v.devFD = -1
-			}
+		if v.conn == nil {
 			v.closeBacking()
-		}
-		if v.server == nil {
-			release()
 			return
 		}
-		select {
-		case <-v.done:
-			release()
-		case <-time.After(time.Second):
-			// A file still open keeps a detached mount's connection alive
-			// until it is closed. The view does nothing meanwhile (closed);
-			// its descriptors go when the connection ends, never before
-			// (an operation in flight must not meet a reused fd number).
-			v.log.Info("view detached; its connection ends when its last open file is closed", "mountpoint", mp)
-			go func() {
-				<-v.done
-				release()
-			}()
-		}
+		// We mounted it, so we unmount it: exactly the mount we made,
+		// found without following symlinks and by its mount id, then
+		// unmounted through that fd (a path swapped meanwhile cannot
+		// redirect it). MNT_DETACH lets a busy mount go once its last
+		// user leaves; the view does nothing meanwhile (closed), and its
+		// descriptors go when the connection ends.
+		err = v.unmountOwn()
+		v.conn.release(time.Second, v.log, v.closeBacking)
 	})
 	return err
 }
@@ -836,7 +727,7 @@ func (v *View) unmountOwn() error {
 	if stx.Mnt_id != v.mntID {
 		return fmt.Errorf("unmount %s: the mount there is not this view's (mount id %d, ours %d); left alone", mp, stx.Mnt_id, v.mntID)
 	}
-	if v.fusermount {
+	if v.conn != nil && v.conn.fusermount {
 		// fusermount3 resolves the path itself, with the daemon's own
 		// (unprivileged) authority.
 		return fusermountUnmount(mp)

@@ -57,6 +57,7 @@ type fixture struct {
 	mem, work string
 	rules     *atomic.Pointer[acl.Config]
 	denials   atomic.Int64
+	raw       fuse.RawFileSystem
 }
 
 // newFixture builds a view over two temporary backing directories, with
@@ -88,8 +89,15 @@ func newFixtureOn(t *testing.T, host *Host, rules string, atoms cctx.Set) *fixtu
 		t.Fatal(err)
 	}
 	t.Cleanup(v.closeBacking)
-	f.v = v
+	f.attach(v)
 	return f
+}
+
+// attach makes v the fixture's view, with the bridge a mount would serve
+// driven in-process (it also attaches the tree's root).
+func (f *fixture) attach(v *View) {
+	f.v = v
+	f.raw = connOptions{root: v.root, fsOpts: v.fsOpts, guard: guardFS{panics: &v.panics, log: v.log}}.rawFS()
 }
 
 func (f *fixture) write(rel, text string) string {
@@ -510,7 +518,7 @@ func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v2.closeBacking()
-	other.v = v2
+	other.attach(v2)
 	mem2 := other.node("memories")
 	priv2 := other.node("memories", "private")
 	if errno := mem2.Rename(ctx, "plain.md", priv2, "plain.md", 0); errno != 0 {
@@ -592,17 +600,17 @@ func TestPanicFailsOneRequest(t *testing.T) {
 	// Requests from the view's owner (this test's uid).
 	caller := fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}, Pid: uint32(os.Getpid())}
 	hdr := &fuse.InHeader{NodeId: 1, Caller: caller}
-	if st := f.v.rawFS.Lookup(nil, hdr, "memories", &out); !st.Ok() {
+	if st := f.raw.Lookup(nil, hdr, "memories", &out); !st.Ok() {
 		t.Fatalf("lookup memories: %v", st)
 	}
 	mem := &fuse.InHeader{NodeId: out.NodeId, Caller: caller}
-	if st := f.v.rawFS.Lookup(nil, mem, "boom", &out); st != fuse.EIO {
+	if st := f.raw.Lookup(nil, mem, "boom", &out); st != fuse.EIO {
 		t.Fatalf("a panicking lookup answered %v, want EIO", st)
 	}
 	if n := f.v.Panics(); n != 1 {
 		t.Fatalf("%d panics counted", n)
 	}
-	if st := f.v.rawFS.Lookup(nil, mem, "a.md", &out); !st.Ok() {
+	if st := f.raw.Lookup(nil, mem, "a.md", &out); !st.Ok() {
 		t.Fatalf("the next lookup: %v", st)
 	}
 }

@@ -62,7 +62,29 @@ func (w *Watcher) live() bool { return w != nil && !w.failed.Load() }
 
 type watch struct {
 	path  string
-	nodes map[*node]struct{}
+	nodes map[watched]struct{}
+}
+
+// watched is a directory the watcher watches for some view (a directory
+// node): it keeps the watch's descriptor, is told of every change below it,
+// and names its owner, which is told of what concerns all it caches. The
+// watcher reports; what a change drops is the view's business.
+type watched interface {
+	wdSlot() *atomic.Int32 // the watch's descriptor (0: none), set under Watcher.mu
+	// changed: name in the directory at dir (or the directory itself, "")
+	// changed as mask says; multiNamedAt tells whether a path names a file
+	// with several names (each path is looked at once per flush).
+	changed(name string, mask uint32, dir string, multiNamedAt func(p string) bool)
+	owner() changeSink
+}
+
+// changeSink is told of changes that concern everything it caches.
+type changeSink interface {
+	// dropCaches: events were lost, or a directory above a backing root
+	// changed.
+	dropCaches()
+	// linkedOn: a file on one of the filesystems devs got another name.
+	linkedOn(devs map[uint64]bool)
 }
 
 type pendingKey struct {
@@ -133,9 +155,9 @@ func maxWatches() int {
 // watch is added with nothing held: inotify_add_watch resolves path, which
 // may block on a backing filesystem that hangs, and lookups in every view
 // and the event reader take w.mu.
-func (w *Watcher) add(n *node, path string) {
+func (w *Watcher) add(n watched, path string) {
 	w.mu.Lock()
-	if w.closed || n.wd.Load() != 0 || len(w.byWD)+w.adding >= w.max {
+	if w.closed || n.wdSlot().Load() != 0 || len(w.byWD)+w.adding >= w.max {
 		// Beyond its share, directories are not watched and their entries
 		// get the short TTL: a caller who makes and walks many directories
 		// must not use up the daemon's uid's watches, which other services
@@ -170,25 +192,25 @@ func (w *Watcher) add(n *node, path string) {
 		w.log.Debug("inotify_add_watch", "path", path, "err", err)
 		return
 	}
-	if w.closed || n.wd.Load() != 0 {
+	if w.closed || n.wdSlot().Load() != 0 {
 		// Closed meanwhile, or another request watched n first (the same
 		// directory has the same wd: the watch stays for that one).
 		return
 	}
 	ws := w.byWD[int32(wd)]
 	if ws == nil {
-		ws = &watch{path: path, nodes: map[*node]struct{}{}}
+		ws = &watch{path: path, nodes: map[watched]struct{}{}}
 		w.byWD[int32(wd)] = ws
 	}
 	ws.nodes[n] = struct{}{}
-	n.wd.Store(int32(wd))
+	n.wdSlot().Store(int32(wd))
 }
 
 // remove forgets n; the last node of a directory ends its watch.
-func (w *Watcher) remove(n *node) {
+func (w *Watcher) remove(n watched) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	wd := n.wd.Load()
+	wd := n.wdSlot().Load()
 	if wd == 0 {
 		return
 	}
@@ -202,7 +224,7 @@ func (w *Watcher) remove(n *node) {
 			}
 		}
 	}
-	n.wd.Store(0)
+	n.wdSlot().Store(0)
 }
 
 // aboveMask: a directory above a backing root matters only for its own
@@ -235,16 +257,16 @@ func (w *Watcher) watchAbove(b *backing) {
 	}
 }
 
-// removeView forgets every node of v: an unmounted view's nodes may never
-// be forgotten one by one (a connection of its own just stops).
-func (w *Watcher) removeView(v *View) {
+// removeOwner forgets every directory of o: an unmounted view's nodes may
+// never be forgotten one by one (a connection of its own just stops).
+func (w *Watcher) removeOwner(o changeSink) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for wd, ws := range w.byWD {
 		for n := range ws.nodes {
-			if n.view == v {
+			if n.owner() == o {
 				delete(ws.nodes, n)
-				n.wd.Store(0)
+				n.wdSlot().Store(0)
 			}
 		}
 		if len(ws.nodes) == 0 {
@@ -300,7 +322,7 @@ func (w *Watcher) read() {
 				// nodes are unwatched now.
 				if ws := w.byWD[ev.Wd]; ws != nil {
 					for n := range ws.nodes {
-						n.wd.Store(0)
+						n.wdSlot().Store(0)
 					}
 					delete(w.byWD, ev.Wd)
 				}
@@ -321,15 +343,15 @@ func (w *Watcher) read() {
 }
 
 type notice struct {
-	n    *node
+	n    watched
 	name string
 	mask uint32
 	path string // the directory's backing path
 }
 
-// flush tells the views of the changes gathered. Nothing is held while the
-// kernel is told: a notification waits for the directory's lock, which a
-// request being served may hold.
+// flush tells the watched directories, and their owners, of the changes
+// gathered. Nothing is held while they are told: what they do may wait for
+// a directory's lock, which a request being served may hold.
 func (w *Watcher) flush() {
 	w.mu.Lock()
 	var todo []notice
@@ -343,12 +365,12 @@ func (w *Watcher) flush() {
 	clear(w.pending)
 	above := w.aboveChanged
 	w.aboveChanged = false
-	var linkedViews map[*View]map[uint64]bool
+	var linkedOwners map[changeSink]map[uint64]bool
 	if len(w.linked) > 0 {
-		linkedViews = map[*View]map[uint64]bool{}
+		linkedOwners = map[changeSink]map[uint64]bool{}
 		for _, ws := range w.byWD {
 			for n := range ws.nodes {
-				linkedViews[n.view] = w.linked
+				linkedOwners[n.owner()] = w.linked
 			}
 		}
 		w.linked = map[uint64]bool{}
@@ -363,53 +385,20 @@ func (w *Watcher) flush() {
 			v.dropCaches()
 		}
 	}
-	for v, devs := range linkedViews {
-		v.linkedOn(devs)
+	for o, devs := range linkedOwners {
+		o.linkedOn(devs)
 	}
-	linked := map[string]bool{}
+	seen := map[string]bool{}
+	multiNamedAt := func(p string) bool {
+		if m, ok := seen[p]; ok {
+			return m
+		}
+		var st unix.Stat_t
+		seen[p] = unix.Lstat(p, &st) == nil && multiNamed(&st)
+		return seen[p]
+	}
 	for _, t := range todo {
-		v := t.n.view
-		if v.closed.Load() {
-			continue
-		}
-		if t.mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && t.name != "" && !w.watchesLinks(t.n.backing()) {
-			// A new name for an existing file (link(2)) changes no event
-			// of the file's other names' directories, yet hides them in a
-			// space with rules: every cached entry of that space goes.
-			// (The link watch reports it instead where it runs, wherever
-			// the name is made.)
-			p := t.path + "/" + t.name
-			if _, seen := linked[p]; !seen {
-				var st unix.Stat_t
-				linked[p] = unix.Lstat(p, &st) == nil && multiNamed(&st)
-			}
-			if linked[p] && v.decision().hidesLinked(t.n.space) {
-				if sp := v.root.GetChild(t.n.space.String()); sp != nil {
-					v.invalidateEntries(sp)
-				}
-				v.dropListings(nil)
-			}
-		}
-		dir := t.n.EmbeddedInode()
-		dir.NotifyContent(-1, 0) // the directory's own attributes (mtime, nlink)
-		if t.name == "" {
-			if t.mask&unix.IN_MOVE_SELF != 0 && v.decision().ruledSpace(t.n.space) {
-				// The names below moved with it: rules may decide them
-				// differently now.
-				v.lists.epoch.Add(1)
-				v.dropListings(nil)
-			}
-			continue
-		}
-		if t.mask&^(unix.IN_MODIFY|unix.IN_CLOSE_WRITE) != 0 {
-			// Made, removed, moved, or its attributes changed (a link
-			// count, a mode): the next access looks it up and decides,
-			// and a cached listing goes (after the listings in flight).
-			v.dropListing(dir, t.name)
-		}
-		if ch := dir.GetChild(t.name); ch != nil {
-			ch.NotifyContent(0, 0) // attributes and cached pages
-		}
+		t.n.changed(t.name, t.mask, t.path, multiNamedAt)
 	}
 }
 
@@ -459,27 +448,15 @@ func (w *Watcher) watchesLinks(b *backing) bool {
 // overflow: events were lost, so every view loses what it cached.
 func (w *Watcher) overflow() {
 	w.mu.Lock()
-	views := map[*View]struct{}{}
+	owners := map[changeSink]struct{}{}
 	for _, ws := range w.byWD {
 		for n := range ws.nodes {
-			views[n.view] = struct{}{}
+			owners[n.owner()] = struct{}{}
 		}
 	}
 	w.mu.Unlock()
 	w.log.Warn("inotify queue overflowed; every view's cache is dropped")
-	for v := range views {
-		v.dropCaches()
+	for o := range owners {
+		o.dropCaches()
 	}
-}
-
-// dropCaches drops every entry and listing the kernel caches for v.
-func (v *View) dropCaches() {
-	if v.closed.Load() {
-		return
-	}
-	if !v.bumpEpoch(false) {
-		v.invalidateEntries(v.root.EmbeddedInode())
-	}
-	v.lists.epoch.Add(1)
-	v.dropListings(nil)
 }

@@ -8,7 +8,7 @@ import (
 // Requests acting at once. Every FUSE request's backing work (the part that
 // acts as the caller, from become to restore, and a handle's read, write,
 // fsync, seek, allocate, fstat and close) runs holding a place among
-// MaxActing in the daemon and MaxActingPerView in its view. A request
+// maxActing in the daemon and maxActingPerView in its view. A request
 // that finds no place waits for one as a plain goroutine: with its
 // thread's pin and credentials given back first (unpin), so it holds no OS
 // thread. The wait is not ended by FUSE_INTERRUPT: it lasts until other
@@ -28,26 +28,30 @@ import (
 // requests hold (the view's and go-fuse's locks), and never while holding
 // one; nothing holding a place waits for the kernel to finish another
 // request (notifications that wait for requests in flight run with no
-// place held, e.g. a rename's revokeAll after restore). So the holders
+// place held, e.g. a rename's revokeMoved after restore). So the holders
 // always make progress and a waiter gets a place.
 //
 // The view's share comes first: one view's requests (however many callers
 // and threads, or a backing that hangs in a syscall) hold at most
-// MaxActingPerView places, and the rest of its requests wait in its own
-// queue, not in the daemon's; the other views keep MaxActing less that.
-var (
-	// MaxActing is 4 × GOMAXPROCS + 8: enough to keep every CPU busy while
-	// as many requests wait in backing syscalls, far below any pids limit.
-	MaxActing = 4*runtime.GOMAXPROCS(0) + 8
-	// MaxActingPerView is a quarter of MaxActing (at least 2): four views
-	// whose backing hangs are needed to stall the others.
-	MaxActingPerView = max(MaxActing/4, 2)
-	// maxIdlePins bounds the goroutines that keep a caller's credentials
-	// (and their thread) between requests: about go-fuse's readers of one
-	// connection (clamp(GOMAXPROCS, 2, 16) + 1), so that a caller's next
-	// request usually finds its credentials set.
-	maxIdlePins = min(max(runtime.GOMAXPROCS(0), 2), 16) + 2
-)
+// maxActingPerView places, and the rest of its requests wait in its own
+// queue, not in the daemon's; the other views keep maxActing less that.
+
+// maxActing is 4 × GOMAXPROCS + 8: enough to keep every CPU busy while as
+// many requests wait in backing syscalls, far below any pids limit. The
+// bounds are read when a host (or view) is made: GOMAXPROCS may change
+// later (the runtime follows its cgroup's CPU limit), a channel's room
+// cannot.
+func maxActing() int { return 4*runtime.GOMAXPROCS(0) + 8 }
+
+// maxActingPerView is a quarter of maxActing (at least 2): four views whose
+// backing hangs are needed to stall the others.
+func maxActingPerView() int { return max(maxActing()/4, 2) }
+
+// maxIdlePins bounds the goroutines that keep a caller's credentials (and
+// their thread) between requests: about go-fuse's readers of one
+// connection (clamp(GOMAXPROCS, 2, 16) + 1), so that a caller's next
+// request usually finds its credentials set.
+func maxIdlePins() int { return min(max(runtime.GOMAXPROCS(0), 2), 16) + 2 }
 
 // enterActing takes a place in v and on its host, waiting for one
 // unpinned if it must.

@@ -69,16 +69,17 @@ type credKey struct {
 // was reused starts with the daemon's fsuid), so losing entries is safe:
 // the thread is then switched again (and two hosts in one process, as in
 // the unit tests, each switching what the other did not record, stay
-// correct). At most maxIdlePins entries are idle: a request that ends
+// correct). At most maxIdle entries are idle: a request that ends
 // beyond that gives its pin up (keep). A goroutine that exits pinned
 // (go-fuse ends readers beyond its limit) ends its thread and leaves its
 // entry behind; such entries are found (tgkill) and dropped when the idle
 // ones reach the limit.
 type threadSet struct {
-	mu     sync.Mutex
-	m      map[int]pinnedThread
-	idle   int       // entries with idle set
-	pruned time.Time // when dead threads' entries were last looked for
+	maxIdle int // maxIdlePins when the host was made
+	mu      sync.Mutex
+	m       map[int]pinnedThread
+	idle    int       // entries with idle set
+	pruned  time.Time // when dead threads' entries were last looked for
 }
 
 type pinnedThread struct {
@@ -87,7 +88,7 @@ type pinnedThread struct {
 }
 
 // pruneEvery limits how often keep looks for dead threads (a tgkill each
-// of up to maxIdlePins).
+// of up to maxIdle).
 const pruneEvery = 50 * time.Millisecond
 
 func (ts *threadSet) record(tid int, k credKey) {
@@ -136,7 +137,7 @@ func (ts *threadSet) keep(tid int) bool {
 	if !ok {
 		return false
 	}
-	if ts.idle >= maxIdlePins {
+	if ts.idle >= ts.maxIdle {
 		if now := time.Now(); now.Sub(ts.pruned) >= pruneEvery {
 			ts.pruned = now
 			pid := unix.Getpid()
@@ -147,7 +148,7 @@ func (ts *threadSet) keep(tid int) bool {
 				}
 			}
 		}
-		if ts.idle >= maxIdlePins {
+		if ts.idle >= ts.maxIdle {
 			return false
 		}
 	}

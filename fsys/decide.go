@@ -10,6 +10,18 @@ import (
 	cctx "github.com/condfs/condfs/context"
 )
 
+// space is a rule space: memories or workspace, in the root's order.
+type space = acl.Space
+
+// spaceCount is how many spaces a view's root holds.
+const spaceCount = 2
+
+// spaceByName is the space a root entry names.
+func spaceByName(name string) (space, bool) {
+	sp, err := acl.ParseSpace(name)
+	return sp, err == nil
+}
+
 // decision is the state one operation decides with, read once so that an
 // operation never mixes two configs or two contexts, and the only code of
 // the package that consults the rules (TestOnlyDecisionConsultsRules checks

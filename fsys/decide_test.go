@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/condfs/condfs/acl"
 )
 
 // TestOnlyDecisionConsultsRules: decide.go is the one place where the
@@ -36,5 +38,18 @@ func TestOnlyDecisionConsultsRules(t *testing.T) {
 			}
 			return true
 		})
+	}
+}
+
+// TestSpaceOrder: the root lists space(0) .. space(spaceCount-1), which
+// must be acl's view spaces in its order.
+func TestSpaceOrder(t *testing.T) {
+	if len(acl.Spaces) != spaceCount {
+		t.Fatalf("acl has %d view spaces, fsys knows %d", len(acl.Spaces), spaceCount)
+	}
+	for i, sp := range acl.Spaces {
+		if space(i) != sp {
+			t.Errorf("space %d is %v, acl's is %v", i, space(i), sp)
+		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // dirHandle is a directory opened to serve one READDIR (guardFS.withDir;
-// the kernel opens directories by itself, see listing.go). It reads the
+// the kernel opens directories by itself, see cache_listing.go). It reads the
 // backing directory from the offset the kernel asks for, and decides each
 // entry when it hands it out, in the session's context at that moment and
 // for the directory's current path (found from its fd): nothing is kept
@@ -46,7 +46,7 @@ var (
 
 // OpendirHandle opens the directory the node stands for, as the caller
 // (reading a directory needs read permission on it), for one READDIR or
-// FSYNCDIR, and records the listing the kernel may cache (listing.go). The
+// FSYNCDIR, and records the listing the kernel may cache (cache_listing.go). The
 // listing is in flight (barrier) from before its first decision until
 // Releasedir, when go-fuse has its entries' nodes in the tree.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
@@ -276,7 +276,7 @@ type connFS struct {
 // OpenDir answers ENOSYS: the kernel then opens every directory of the
 // connection by itself, with no OPENDIR or RELEASEDIR round trip, and keeps
 // the listings it reads in its cache until the daemon drops them
-// (listing.go). READDIR and FSYNCDIR come with no handle (withDir).
+// (cache_listing.go). READDIR and FSYNCDIR come with no handle (withDir).
 func (c connFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	return fuse.ENOSYS
 }

@@ -68,7 +68,7 @@ type HostOptions struct {
 	// the kernel cache what no rule governs for that long.
 	CacheTTL time.Duration
 	// HubDir, if set, serves every view through one FUSE connection
-	// mounted there (a root daemon only; see hub.go).
+	// mounted there (a root daemon only; see conn_hub.go).
 	HubDir string
 	Logger *slog.Logger
 	// Debug logs every FUSE request.
@@ -85,7 +85,7 @@ func NewHost(o HostOptions) (*Host, error) {
 	}
 	h := &Host{
 		log: o.Logger, hooks: testHooks(), debug: o.Debug, observe: o.Observe, views: map[*View]struct{}{},
-		acting: make(chan struct{}, MaxActing),
+		acting: make(chan struct{}, maxActing()), threads: threadSet{maxIdle: maxIdlePins()},
 	}
 	if o.CacheTTL > DefaultAttrTimeout {
 		w, err := newWatcher(h, o.CacheTTL)

@@ -10,8 +10,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"github.com/condfs/condfs/acl"
 )
 
 // node is a file, directory or symlink inside one space. It stands for one
@@ -20,7 +18,7 @@ import (
 type node struct {
 	fs.Inode
 	view      *View
-	space     acl.Space
+	space     space
 	spaceRoot bool
 	dev, ino  uint64
 	wd        atomic.Int32 // the inotify watch of its directory (set under the Watcher's lock)

@@ -11,8 +11,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"github.com/condfs/condfs/acl"
 )
 
 // rootNode is the mount root: exactly memories/ and workspace/ (each only
@@ -43,11 +41,6 @@ var (
 	_ fs.NodeOnForgetter    = (*rootNode)(nil)
 	_ fs.NodeGetxattrer     = (*rootNode)(nil)
 )
-
-func spaceByName(name string) (acl.Space, bool) {
-	sp, err := acl.ParseSpace(name)
-	return sp, err == nil
-}
 
 func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	a, errno := r.view.become(ctx)
@@ -116,8 +109,8 @@ func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno
 		return nil, syscall.EIO
 	}
 	dec := d.view.decision()
-	for d.next < len(acl.Spaces) {
-		sp := acl.Spaces[d.next]
+	for d.next < spaceCount {
+		sp := space(d.next)
 		d.next++
 		if dec.shows(sp, "/") {
 			var st unix.Stat_t
@@ -150,7 +143,7 @@ func (d *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 func (d *rootDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if off > uint64(len(acl.Spaces)) {
+	if off > spaceCount {
 		return syscall.EINVAL
 	}
 	d.next = int(off)

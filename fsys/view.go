@@ -12,12 +12,23 @@
 // (lookup, mutate, create, exchange, I/O), decides, then reaches the
 // backing tree beneath its root with openat2 and checks that a node still
 // stands for the inode it was made for; listings (dir.go), open handles
-// (file.go) and the view's root (root.go) ask the same decision for what
+// (node_open.go) and the view's root (root.go) ask the same decision for what
 // they hand out. Denied paths do not exist (ENOENT); creating a denied name
 // gets EACCES.
 //
 // What the views of a daemon share, and the lock order, belong to a Host
 // (host.go).
+//
+// Files, by idea: decide.go, every decision; node.go, node_open.go,
+// node_mutate.go, node_xattr.go and node_locks.go, the FUSE nodes by
+// operation; dir.go, listings and the connection's directory handling;
+// root.go, a view's root; acting.go and creds.go, acting as the caller;
+// backing.go, reaching the backing trees beneath their roots; cache_*.go,
+// what the kernel caches and how it is dropped (listings, name sets, the
+// reload barrier); watch*.go, inotify and the fanotify link watch, which
+// report to the views; conn*.go, a FUSE connection (its mount, the hub,
+// fusermount3, stale mounts); guard.go, panics and metrics; view.go, a
+// session's view (mount, switch, reload, unmount).
 //
 // Authority is never more than the caller's: a root daemon runs every
 // backing call with the requesting process's fsuid, fsgid and groups
@@ -30,7 +41,7 @@
 // where the kernel has it (Linux ≥ 6.16) and per-entry notifications
 // otherwise, after the cached pages of every open file the new state
 // denies have been dropped, and after every cached listing they can change
-// and every remembered absence of a hidden name are gone (listing.go).
+// and every remembered absence of a hidden name are gone (cache_listing.go).
 // Every read, write and listing that reaches the daemon decides again;
 // cached pages are read only through a handle whose decision stands
 // (newHandle, revoke).
@@ -132,7 +143,7 @@ type View struct {
 	hmu     sync.Mutex
 	handles map[*fileHandle]struct{}
 
-	// lockWaiters counts the view's blocking lock requests waiting (locks.go).
+	// lockWaiters counts the view's blocking lock requests waiting (node_locks.go).
 	lockWaiters atomic.Int32
 	// acting holds a token for each of the view's requests acting at once
 	// (acting.go).
@@ -208,7 +219,7 @@ func (h *Host) newView(opts Options) (*View, error) {
 		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
 		lists:    listings{listed: map[*fs.Inode]*listed{}},
 		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
-		acting: make(chan struct{}, MaxActingPerView),
+		acting: make(chan struct{}, maxActingPerView()),
 	}
 	set := opts.Context
 	v.atoms.Store(&set)

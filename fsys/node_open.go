@@ -13,7 +13,7 @@ import (
 
 // fileHandle is an open regular file. Every read, write, attribute and
 // lock call that reaches the daemon decides again (a lock's release
-// excepted, locks.go), for the path the file has now in
+// excepted, node_locks.go), for the path the file has now in
 // the backing tree (found from its fd, so renames through any view count),
 // in the session's current context.
 //

@@ -9,6 +9,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// kernelCache is what a view knows of what the kernel caches of it, so that
+// a switch or reload can drop, before it returns, whatever it changes.
+type kernelCache struct {
+	listingsIn barrier     // listings in flight, for a reload to wait for
+	plusHanded atomic.Bool // a listing handed out a full entry since the last reload
+	lists      listings
+	absences   nameSet // hidden names the kernel remembers as missing
+	plusRuled  nameSet // ruled names listings handed out with full entries
+}
+
 // Directory listings in the kernel's cache.
 //
 // The daemon answers OPENDIR with ENOSYS, so the kernel (no_opendir, Linux
@@ -82,7 +92,7 @@ type listed struct {
 // rules were); keep, whether the kernel may keep it: if not, it is dropped
 // as soon as the listing in flight is in the cache.
 func (v *View) listing(in *fs.Inode, n *node, sensitive bool, epoch uint64, keep bool) {
-	l := &v.lists
+	l := &v.cache.lists
 	l.mu.Lock()
 	rec := l.listed[in]
 	if rec == nil {
@@ -132,9 +142,9 @@ func (v *View) dropRec(in *fs.Inode, rec *listed, name string) {
 // dropListing notifies the entry name of directory in and drops the
 // listing the kernel may hold of it (the Watcher: a name changed there).
 func (v *View) dropListing(in *fs.Inode, name string) {
-	v.lists.mu.Lock()
-	rec := v.lists.listed[in]
-	v.lists.mu.Unlock()
+	v.cache.lists.mu.Lock()
+	rec := v.cache.lists.listed[in]
+	v.cache.lists.mu.Unlock()
 	if rec == nil {
 		v.notifyEntry(in, name)
 		return
@@ -146,7 +156,7 @@ func (v *View) dropListing(in *fs.Inode, name string) {
 // of the view's directories that sel selects (all when sel is nil; given
 // the record's node and its classification, if current).
 func (v *View) dropListings(sel func(n *node, sensitive, current bool) bool) {
-	l := &v.lists
+	l := &v.cache.lists
 	epoch := l.epoch.Load()
 	l.mu.Lock()
 	type todo struct {
@@ -184,7 +194,7 @@ func (v *View) switchChanges(n *node, sensitive, current bool) bool {
 
 // unlisted forgets in's record: the kernel holds the directory no more.
 func (v *View) unlisted(in *fs.Inode) {
-	l := &v.lists
+	l := &v.cache.lists
 	l.mu.Lock()
 	if rec := l.listed[in]; rec != nil {
 		if rec.ttl != nil {
@@ -197,7 +207,7 @@ func (v *View) unlisted(in *fs.Inode) {
 
 // forgetListings stops every record of an unmounted view.
 func (v *View) forgetListings() {
-	l := &v.lists
+	l := &v.cache.lists
 	l.mu.Lock()
 	for in, rec := range l.listed {
 		if rec.ttl != nil {
@@ -301,7 +311,7 @@ func (v *View) dropCaches() {
 	if !v.bumpEpoch(false) {
 		v.invalidateEntries(v.root.EmbeddedInode())
 	}
-	v.lists.epoch.Add(1)
+	v.cache.lists.epoch.Add(1)
 	v.dropListings(nil)
 }
 
@@ -335,7 +345,7 @@ func (n *node) changed(name string, mask uint32, dir string, multiNamedAt func(p
 		if mask&unix.IN_MOVE_SELF != 0 && v.decision().ruledSpace(n.space) {
 			// The names below moved with it: rules may decide them
 			// differently now.
-			v.lists.epoch.Add(1)
+			v.cache.lists.epoch.Add(1)
 			v.dropListings(nil)
 		}
 		return

@@ -50,10 +50,10 @@ var (
 // listing is in flight (barrier) from before its first decision until
 // Releasedir, when go-fuse has its entries' nodes in the tree.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	round := n.view.listingsIn.enter()
+	round := n.view.cache.listingsIn.enter()
 	h, errno := n.opendir(ctx)
 	if errno != 0 {
-		n.view.listingsIn.leave(round)
+		n.view.cache.listingsIn.leave(round)
 		return nil, 0, errno
 	}
 	h.round = round
@@ -61,7 +61,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 }
 
 func (n *node) opendir(ctx context.Context) (*dirHandle, syscall.Errno) {
-	epoch := n.view.lists.epoch.Load() // before the rules are read
+	epoch := n.view.cache.lists.epoch.Load() // before the rules are read
 	t, errno := n.enter(ctx, opLookup, "")
 	if errno != 0 {
 		return nil, errno
@@ -105,7 +105,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	}
 	in, errno := n.lookup(ctx, name, out, &at)
 	if errno == 0 {
-		n.view.plusHanded.Store(true)
+		n.view.cache.plusHanded.Store(true)
 	}
 	if d := n.view.host.hooks.plusDelay; d > 0 {
 		time.Sleep(d)
@@ -222,7 +222,7 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 		}
 		return 0
 	})
-	d.node.view.listingsIn.leave(d.round)
+	d.node.view.cache.listingsIn.leave(d.round)
 }
 
 // reopenDir opens the directory an O_PATH fd stands for, for reading: as

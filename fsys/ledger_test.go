@@ -48,7 +48,7 @@ func TestListedEntries(t *testing.T) {
 	if errno != 0 || in == nil || out.Attr.Size != 1 {
 		t.Fatalf("a listed name got no full entry: %v", errno)
 	}
-	if !f.v.plusHanded.Load() {
+	if !f.v.cache.plusHanded.Load() {
 		t.Error("a listing that handed out an entry is not marked")
 	}
 	notes.AddChild("plain.md", in, true)
@@ -62,16 +62,16 @@ func TestListedEntries(t *testing.T) {
 		t.Fatalf("a ruled listed name visible in a DM: %v", errno)
 	}
 	d.Releasedir(ctx, 0)
-	f.v.plusRuled.mu.Lock()
-	recorded := len(f.v.plusRuled.names)
-	f.v.plusRuled.mu.Unlock()
+	f.v.cache.plusRuled.mu.Lock()
+	recorded := len(f.v.cache.plusRuled.names)
+	f.v.cache.plusRuled.mu.Unlock()
 	if recorded != 1 {
 		t.Fatalf("%d ruled names recorded, want 1", recorded)
 	}
 	f.v.SetContext(guild)
-	f.v.plusRuled.mu.Lock()
-	recorded = len(f.v.plusRuled.names)
-	f.v.plusRuled.mu.Unlock()
+	f.v.cache.plusRuled.mu.Lock()
+	recorded = len(f.v.cache.plusRuled.names)
+	f.v.cache.plusRuled.mu.Unlock()
 	if recorded != 0 {
 		t.Errorf("the switch left %d ruled names recorded", recorded)
 	}
@@ -81,7 +81,7 @@ func TestListedEntries(t *testing.T) {
 
 	g := f.v.generation()
 	f.v.SetContext(dm)
-	if f.v.plusRuled.add(notes, "secret.md", g) {
+	if f.v.cache.plusRuled.add(notes, "secret.md", g) {
 		t.Error("a name decided before a switch was let into the kernel's cache")
 	}
 	full := nameSet{max: 1}
@@ -90,7 +90,7 @@ func TestListedEntries(t *testing.T) {
 		t.Error("a name set past its limit recorded a name")
 	}
 	// Released, a listing is no longer in flight: a reload does not wait.
-	within(t, "a reload after the listings ended", f.v.listingsIn.wait)
+	within(t, "a reload after the listings ended", f.v.cache.listingsIn.wait)
 }
 
 // TestHiddenAbsencesRemembered: with a watcher, a hidden name's absence is
@@ -113,9 +113,9 @@ func TestHiddenAbsencesRemembered(t *testing.T) {
 	if _, errno := notes.Lookup(ctx, "secret.md", &out); errno != syscall.ENOENT || out.EntryTimeout() == 0 {
 		t.Fatalf("a hidden name: %v, timeout %v; want a remembered absence", errno, out.EntryTimeout())
 	}
-	f.v.absences.mu.Lock()
-	n := len(f.v.absences.names)
-	f.v.absences.mu.Unlock()
+	f.v.cache.absences.mu.Lock()
+	n := len(f.v.cache.absences.names)
+	f.v.cache.absences.mu.Unlock()
 	if n != 1 {
 		t.Fatalf("%d absences recorded, want 1", n)
 	}
@@ -124,9 +124,9 @@ func TestHiddenAbsencesRemembered(t *testing.T) {
 		t.Errorf("a missing unruled name: %v, timeout %v", errno, out.EntryTimeout())
 	}
 	f.v.SetContext(dm)
-	f.v.absences.mu.Lock()
-	n = len(f.v.absences.names)
-	f.v.absences.mu.Unlock()
+	f.v.cache.absences.mu.Lock()
+	n = len(f.v.cache.absences.names)
+	f.v.cache.absences.mu.Unlock()
 	if n != 0 {
 		t.Errorf("the switch left %d absences", n)
 	}

@@ -382,7 +382,7 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, list
 				// governs the name: it appears only when something
 				// makes it there, which the watcher reports.
 				out.SetEntryTimeout(ttl)
-			case t.hidden && name != "" && n.view.absences.add(n, name, g):
+			case t.hidden && name != "" && n.view.cache.absences.add(n, name, g):
 				// Hidden: a switch or reload forgets it (View.forget).
 				out.SetEntryTimeout(ttl)
 			}
@@ -390,7 +390,7 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, list
 		return nil, errno
 	}
 	defer t.leave()
-	if listed != nil && t.ruled && !n.view.plusRuled.add(n, name, g) {
+	if listed != nil && t.ruled && !n.view.cache.plusRuled.add(n, name, g) {
 		return nil, syscall.ENOENT
 	}
 	n.watch(dirOf(t.path))

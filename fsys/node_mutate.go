@@ -199,7 +199,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		// again whether it can change their listings (the epoch), and the
 		// cached ones go after this request, since the kernel holds the
 		// directories' locks until then.
-		n.view.lists.epoch.Add(1)
+		n.view.cache.lists.epoch.Add(1)
 		go n.view.dropListings(nil)
 	}
 	return 0

@@ -75,7 +75,7 @@ var (
 // decision is read through it.
 func (n *node) newHandle(fd int, t *target) (*fileHandle, uint32, syscall.Errno) {
 	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: t.ruled, last: t.path}
-	n.view.track(h)
+	n.view.handles.add(h)
 	if n.view.generation() != t.gen {
 		if !h.decide(true) {
 			h.Release(context.Background())
@@ -187,7 +187,7 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.E
 // left open closes its number again when collected, by then maybe another
 // open's.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
-	h.node.view.untrack(h)
+	h.node.view.handles.remove(h)
 	return h.node.view.acts(func() syscall.Errno {
 		h.fdMu.Lock()
 		defer h.fdMu.Unlock()

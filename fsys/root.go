@@ -76,15 +76,15 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 // OpendirHandle lists the visible spaces, each decided when it is handed
 // out.
 func (r *rootNode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	round := r.view.listingsIn.enter()
+	round := r.view.cache.listingsIn.enter()
 	a, errno := r.view.become(ctx)
 	if errno != 0 {
-		r.view.listingsIn.leave(round)
+		r.view.cache.listingsIn.leave(round)
 		return nil, 0, errno
 	}
 	a.restore()
 	// Its listing changes only with a switch or a reload, which drop it.
-	r.view.listing(r.EmbeddedInode(), nil, true, r.view.lists.epoch.Load(), true)
+	r.view.listing(r.EmbeddedInode(), nil, true, r.view.cache.lists.epoch.Load(), true)
 	return &rootDir{view: r.view, round: round}, 0, 0
 }
 
@@ -99,7 +99,7 @@ var _ fs.FileReleasedirer = (*rootDir)(nil)
 
 // Releasedir ends the listing: its entries are in the tree (barrier).
 func (d *rootDir) Releasedir(ctx context.Context, flags uint32) {
-	d.view.listingsIn.leave(d.round)
+	d.view.cache.listingsIn.leave(d.round)
 }
 
 func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
@@ -135,7 +135,7 @@ func (d *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	}
 	in, errno := d.view.root.Lookup(ctx, name, out)
 	if errno == 0 {
-		d.view.plusHanded.Store(true)
+		d.view.cache.plusHanded.Store(true)
 	}
 	return in, errno
 }

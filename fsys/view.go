@@ -115,33 +115,29 @@ type View struct {
 	root        *rootNode
 	rootAccess  rootAccess // fixed for the view's life: who may enter it
 	fsOpts      *fs.Options
-	conn        *conn       // the view's own connection; nil in a hub (or not mounted)
-	mntID       uint64      // the kernel's id of the view's mount, to unmount exactly it
-	switchCreds bool        // root: act as each caller
-	reloadOld   *acl.Config // the rules before the reload being applied (Invalidate)
+	conn        *conn  // the view's own connection; nil in a hub (or not mounted)
+	mntID       uint64 // the kernel's id of the view's mount, to unmount exactly it
+	switchCreds bool   // root: act as each caller
 	// auth counts the view's context switches and reloads: with the
 	// host's renames, its generation (generation).
-	auth       atomic.Uint64
-	listingsIn barrier     // listings in flight, for a reload to wait for
-	plusHanded atomic.Bool // a listing handed out a full entry since the last reload
-	lists      listings
-	absences   nameSet // hidden names the kernel remembers as missing
-	plusRuled  nameSet // ruled names listings handed out with full entries
-	hub        *hub    // the hub serving the view, if any
-	hubName    string  // the view's directory in the hub
-	gen        uint64  // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev    uint64  // the memories backing's device, mixed into inode numbers
-	groups     groupCache
-	log        *slog.Logger
-	closed     atomic.Bool
-	unmounts   sync.Once
+	auth  atomic.Uint64
+	cache kernelCache // what the kernel caches of the view
+	// reloadOld: the rules before the reload being applied (Invalidate).
+	reloadOld *acl.Config
+	hub       *hub   // the hub serving the view, if any
+	hubName   string // the view's directory in the hub
+	gen       uint64 // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev   uint64 // the memories backing's device, mixed into inode numbers
+	groups    groupCache
+	log       *slog.Logger
+	closed    atomic.Bool
+	unmounts  sync.Once
 	// mountedAt is the mount root's timestamp.
 	mountedAt time.Time
 
 	backingMu sync.Mutex // closeBacking runs once (from Unmount or the last forget)
 
-	hmu     sync.Mutex
-	handles map[*fileHandle]struct{}
+	handles handleSet // open files, for revocation
 
 	// lockWaiters counts the view's blocking lock requests waiting (node_locks.go).
 	lockWaiters atomic.Int32
@@ -216,9 +212,11 @@ func (h *Host) newView(opts Options) (*View, error) {
 	}
 	v := &View{
 		host: h, opts: opts, rules: opts.Rules, log: h.log,
-		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0, handles: map[*fileHandle]struct{}{},
-		lists:    listings{listed: map[*fs.Inode]*listed{}},
-		absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
+		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0,
+		cache: kernelCache{
+			lists:    listings{listed: map[*fs.Inode]*listed{}},
+			absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
+		},
 		acting: make(chan struct{}, maxActingPerView()),
 	}
 	set := opts.Context
@@ -305,16 +303,36 @@ func (v *View) admits(uid uint32) bool {
 	return false
 }
 
-func (v *View) track(h *fileHandle) {
-	v.hmu.Lock()
-	v.handles[h] = struct{}{}
-	v.hmu.Unlock()
+// handleSet is a view's open files, for revocation.
+type handleSet struct {
+	mu sync.Mutex
+	m  map[*fileHandle]struct{}
 }
 
-func (v *View) untrack(h *fileHandle) {
-	v.hmu.Lock()
-	delete(v.handles, h)
-	v.hmu.Unlock()
+func (s *handleSet) add(h *fileHandle) {
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[*fileHandle]struct{}{}
+	}
+	s.m[h] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *handleSet) remove(h *fileHandle) {
+	s.mu.Lock()
+	delete(s.m, h)
+	s.mu.Unlock()
+}
+
+// all returns the open files now, for work done outside the lock.
+func (s *handleSet) all() []*fileHandle {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hs := make([]*fileHandle, 0, len(s.m))
+	for h := range s.m {
+		hs = append(hs, h)
+	}
+	return hs
 }
 
 // revoke decides every open file of the view again and drops the kernel's
@@ -325,13 +343,7 @@ func (v *View) revoke() { v.revokeWhere(nil) }
 // revokeWhere is revoke for the open files that sel selects (all, when sel
 // is nil); each selected one decides afresh, whatever it decided before.
 func (v *View) revokeWhere(sel func(*fileHandle) bool) {
-	v.hmu.Lock()
-	hs := make([]*fileHandle, 0, len(v.handles))
-	for h := range v.handles {
-		hs = append(hs, h)
-	}
-	v.hmu.Unlock()
-	for _, h := range hs {
+	for _, h := range v.handles.all() {
 		if sel != nil {
 			if !sel(h) {
 				continue
@@ -527,7 +539,7 @@ func (v *View) invalidate(scoped bool) error {
 	if !scoped {
 		// Every listing decided with the old rules has its nodes in the
 		// tree before the reload looks for entries to drop.
-		v.listingsIn.wait()
+		v.cache.listingsIn.wait()
 	}
 	if !v.bumpEpoch(scoped) {
 		if scoped {
@@ -542,7 +554,7 @@ func (v *View) invalidate(scoped bool) error {
 		} else {
 			v.invalidateEntries(v.root.EmbeddedInode())
 		}
-	} else if !scoped && v.plusHanded.Swap(false) {
+	} else if !scoped && v.cache.plusHanded.Swap(false) {
 		// Entries of listings decided with the old rules that the kernel
 		// links after the bump carry the new epoch: drop, one by one,
 		// those whose decision changed. Each notification waits for the
@@ -555,13 +567,13 @@ func (v *View) invalidate(scoped bool) error {
 	} else {
 		// Any listing may change on a reload, and the records'
 		// classification with it.
-		v.lists.epoch.Add(1)
+		v.cache.lists.epoch.Add(1)
 		v.dropListings(nil)
 	}
 	// Hidden names may be shown now, and ruled names listed just before
 	// the switch may be linked after its epoch bump: those it hides go.
-	v.forget(&v.absences, nil)
-	v.forget(&v.plusRuled, v.hiddenNow)
+	v.forget(&v.cache.absences, nil)
+	v.forget(&v.cache.plusRuled, v.hiddenNow)
 	v.revoke()
 	return nil
 }

@@ -26,24 +26,8 @@ func (l *loader) sandbox(c *Config, prim toml.Primitive) error {
 		switch k {
 		case "binaries":
 			hasBinaries = true
-			var list []any
-			if err := l.md.PrimitiveDecode(fp, &list); err != nil {
-				return l.failAt(fp, "[sandbox]: binaries must be an array of absolute paths")
-			}
-			for _, v := range list {
-				s, ok := v.(string)
-				if !ok {
-					return l.failAt(fp, "[sandbox]: binaries: %v is not a string", v)
-				}
-				if err := checkBinary(s); err != nil {
-					return l.failAt(fp, "[sandbox]: binaries: %q: %v", s, err)
-				}
-				if strings.HasSuffix(s, "/") {
-					sb.dirs[strings.TrimSuffix(s, "/")] = true
-				} else {
-					sb.files[s] = true
-				}
-				sb.binaries = append(sb.binaries, s)
+			if err := l.sandboxBinaries(sb, fp); err != nil {
+				return err
 			}
 		case "network":
 			var s string
@@ -74,21 +58,8 @@ func (l *loader) sandbox(c *Config, prim toml.Primitive) error {
 				sb.connections = int(n)
 			}
 		case "reach_private":
-			var list []any
-			if err := l.md.PrimitiveDecode(fp, &list); err != nil {
-				return l.failAt(fp, "[sandbox]: reach_private must be an array of addresses or CIDR prefixes")
-			}
-			sb.reachPrivate = []netip.Prefix{}
-			for _, v := range list {
-				s, ok := v.(string)
-				if !ok {
-					return l.failAt(fp, "[sandbox]: reach_private: %v is not a string", v)
-				}
-				p, err := parseReach(s)
-				if err != nil {
-					return l.failAt(fp, "[sandbox]: reach_private: %q: %v", s, err)
-				}
-				sb.reachPrivate = append(sb.reachPrivate, p)
+			if err := l.sandboxReach(sb, fp); err != nil {
+				return err
 			}
 		default:
 			return l.failAt(fp, "[sandbox]: unknown key %q (want binaries, network, memory, pids, tmp_size, connections, reach_private)", k)
@@ -98,6 +69,52 @@ func (l *loader) sandbox(c *Config, prim toml.Primitive) error {
 		return l.failAt(prim, "[sandbox]: binaries is required (an empty array allows nothing)")
 	}
 	c.sandbox = sb
+	return nil
+}
+
+// sandboxBinaries reads [sandbox] binaries: absolute paths of files, or of
+// directories ending in "/".
+func (l *loader) sandboxBinaries(sb *Sandbox, fp toml.Primitive) error {
+	var list []any
+	if err := l.md.PrimitiveDecode(fp, &list); err != nil {
+		return l.failAt(fp, "[sandbox]: binaries must be an array of absolute paths")
+	}
+	for _, v := range list {
+		s, ok := v.(string)
+		if !ok {
+			return l.failAt(fp, "[sandbox]: binaries: %v is not a string", v)
+		}
+		if err := checkBinary(s); err != nil {
+			return l.failAt(fp, "[sandbox]: binaries: %q: %v", s, err)
+		}
+		if strings.HasSuffix(s, "/") {
+			sb.dirs[strings.TrimSuffix(s, "/")] = true
+		} else {
+			sb.files[s] = true
+		}
+		sb.binaries = append(sb.binaries, s)
+	}
+	return nil
+}
+
+// sandboxReach reads [sandbox] reach_private: addresses or CIDR prefixes.
+func (l *loader) sandboxReach(sb *Sandbox, fp toml.Primitive) error {
+	var list []any
+	if err := l.md.PrimitiveDecode(fp, &list); err != nil {
+		return l.failAt(fp, "[sandbox]: reach_private must be an array of addresses or CIDR prefixes")
+	}
+	sb.reachPrivate = []netip.Prefix{}
+	for _, v := range list {
+		s, ok := v.(string)
+		if !ok {
+			return l.failAt(fp, "[sandbox]: reach_private: %v is not a string", v)
+		}
+		p, err := parseReach(s)
+		if err != nil {
+			return l.failAt(fp, "[sandbox]: reach_private: %q: %v", s, err)
+		}
+		sb.reachPrivate = append(sb.reachPrivate, p)
+	}
 	return nil
 }
 

@@ -63,96 +63,99 @@ func (l *loader) build(fileConsts map[string]constDef, fileConsOrd []string, fil
 	if len(l.errs) > 0 {
 		return nil
 	}
-	state := map[string]int{} // 0 new, 1 in progress, 2 done
-	memo := map[string]*merged{}
-	var merge func(name string, via *yaml.Node) *merged
-	merge = func(name string, via *yaml.Node) *merged {
-		switch state[name] {
-		case 1:
-			l.errAt(via, "inherits: cycle through role %q", name)
-			return nil
-		case 2:
-			return memo[name]
-		}
-		state[name] = 1
-		r := roles[name]
-		m := &merged{tools: map[string]*rawEntry{}, consts: map[string]constDef{}}
-		seenCons := map[*yaml.Node]bool{}
-		addCons := func(cs []*yaml.Node) {
-			for _, c := range cs {
-				if !seenCons[c] {
-					seenCons[c] = true
-					m.cons = append(m.cons, c)
-				}
-			}
-		}
-		for _, p := range r.inherits {
-			pm := merge(p.Value, p)
-			if pm == nil {
-				state[name] = 2
-				return nil
-			}
-			for k, v := range pm.tools {
-				m.tools[k] = v
-			}
-			for k, v := range pm.consts {
-				m.consts[k] = v
-			}
-			if pm.def != nil {
-				m.def = pm.def
-			}
-			addCons(pm.cons)
-		}
-		for k, v := range r.tools {
-			m.tools[k] = v
-		}
-		for k, v := range r.consts {
-			m.consts[k] = v
-		}
-		if r.def != nil {
-			m.def = r.def
-		}
-		addCons(r.cons)
-		state[name] = 2
-		memo[name] = m
-		return m
-	}
+	g := &merger{l: l, roles: roles, state: map[string]int{}, memo: map[string]*merged{}}
 	for _, name := range order {
-		merge(name, roles[name].node)
+		g.merge(name, roles[name].node)
 	}
 	if len(l.errs) > 0 {
 		return nil
 	}
-
 	p := &Policy{roles: map[string]*role{}}
 	for _, name := range order {
-		r := roles[name]
-		if r.isMixin {
-			continue
+		if !roles[name].isMixin {
+			p.roles[name] = l.compileRole(name, g.memo[name], fileConsts, fileDef, fileCons)
 		}
-		m := memo[name]
-		consts := constsObject(fileConsts, m.consts)
-		out := &role{name: name, tools: map[string]*entry{}}
-		for _, c := range fileCons {
-			out.pre = append(out.pre, l.compile(c, consts))
-		}
-		for _, c := range m.cons {
-			out.pre = append(out.pre, l.compile(c, consts))
-		}
-		def := m.def
-		if def == nil {
-			def = fileDef
-		}
-		out.def = l.compileEntry(def, consts)
-		for tname, e := range m.tools {
-			out.tools[tname] = l.compileEntry(e, consts)
-		}
-		p.roles[name] = out
 	}
 	if len(l.errs) > 0 {
 		return nil
 	}
 	return p
+}
+
+// merger merges each role with the roles it inherits, each once, and
+// reports a cycle where the inheritance has one.
+type merger struct {
+	l     *loader
+	roles map[string]*rawRole
+	state map[string]int // 0 new, 1 in progress, 2 done
+	memo  map[string]*merged
+}
+
+// merge is role name with what it inherits (parents first, the role's own
+// last, each constraint once); via is where the name was named.
+func (g *merger) merge(name string, via *yaml.Node) *merged {
+	switch g.state[name] {
+	case 1:
+		g.l.errAt(via, "inherits: cycle through role %q", name)
+		return nil
+	case 2:
+		return g.memo[name]
+	}
+	g.state[name] = 1
+	r := g.roles[name]
+	m := &merged{tools: map[string]*rawEntry{}, consts: map[string]constDef{}}
+	seenCons := map[*yaml.Node]bool{}
+	add := func(tools map[string]*rawEntry, consts map[string]constDef, def *rawEntry, cons []*yaml.Node) {
+		for k, v := range tools {
+			m.tools[k] = v
+		}
+		for k, v := range consts {
+			m.consts[k] = v
+		}
+		if def != nil {
+			m.def = def
+		}
+		for _, c := range cons {
+			if !seenCons[c] {
+				seenCons[c] = true
+				m.cons = append(m.cons, c)
+			}
+		}
+	}
+	for _, p := range r.inherits {
+		pm := g.merge(p.Value, p)
+		if pm == nil {
+			g.state[name] = 2
+			return nil
+		}
+		add(pm.tools, pm.consts, pm.def, pm.cons)
+	}
+	add(r.tools, r.consts, r.def, r.cons)
+	g.state[name] = 2
+	g.memo[name] = m
+	return m
+}
+
+// compileRole compiles a merged role: the file's constraints, then the
+// role's, its default (the file's when it has none) and its tools.
+func (l *loader) compileRole(name string, m *merged, fileConsts map[string]constDef, fileDef *rawEntry, fileCons []*yaml.Node) *role {
+	consts := constsObject(fileConsts, m.consts)
+	out := &role{name: name, tools: map[string]*entry{}}
+	for _, c := range fileCons {
+		out.pre = append(out.pre, l.compile(c, consts))
+	}
+	for _, c := range m.cons {
+		out.pre = append(out.pre, l.compile(c, consts))
+	}
+	def := m.def
+	if def == nil {
+		def = fileDef
+	}
+	out.def = l.compileEntry(def, consts)
+	for tname, e := range m.tools {
+		out.tools[tname] = l.compileEntry(e, consts)
+	}
+	return out
 }
 
 func constsObject(file, role map[string]constDef) *value.Value {

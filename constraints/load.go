@@ -193,43 +193,11 @@ func (l *loader) name(k *yaml.Node, what string) (string, bool) {
 }
 
 func (l *loader) load(data []byte) *Policy {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		line, col, msg := yamlErrPos(err)
-		l.diag(&l.errs, line, col, msg)
+	top := l.document(data)
+	if top == nil {
 		return nil
 	}
-	top := &yaml.Node{Kind: yaml.MappingNode, Line: 1, Column: 1}
-	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
-		top = resolve(doc.Content[0])
-	}
-	if isNull(top) {
-		top = &yaml.Node{Kind: yaml.MappingNode, Line: top.Line, Column: top.Column}
-	}
-	if top.Kind != yaml.MappingNode {
-		l.errAt(top, "a policy must be a mapping (version, consts, roles, ...)")
-		return nil
-	}
-	hasRoles := false
-	for i := 0; i+1 < len(top.Content); i += 2 {
-		if resolve(top.Content[i]).Value == "roles" {
-			hasRoles = true
-		}
-	}
-	allowed := topKeys
-	if !hasRoles {
-		allowed = flatKeys
-	}
-	pairs := l.mapping(top, "the policy", nil)
-	for _, kv := range pairs {
-		if !allowed[kv[0].Value] {
-			if hasRoles && roleKeys[kv[0].Value] {
-				l.errAt(kv[0], "%q belongs in a role: with roles: present, the top level holds only %s", kv[0].Value, keyList(topKeys))
-			} else {
-				l.errAt(kv[0], "unknown key %q at the top level (allowed: %s)", kv[0].Value, keyList(allowed))
-			}
-		}
-	}
+	hasRoles, pairs := l.topLevel(top)
 
 	var (
 		fileConsts  = map[string]constDef{}
@@ -284,6 +252,54 @@ func (l *loader) load(data []byte) *Policy {
 		return nil
 	}
 	return l.build(fileConsts, fileConsOrd, fileDef, fileCons, roles, roleOrd)
+}
+
+// document parses the policy's YAML and gives its top-level mapping (an
+// empty document is an empty mapping), or nil with the error recorded.
+func (l *loader) document(data []byte) *yaml.Node {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		line, col, msg := yamlErrPos(err)
+		l.diag(&l.errs, line, col, msg)
+		return nil
+	}
+	top := &yaml.Node{Kind: yaml.MappingNode, Line: 1, Column: 1}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
+		top = resolve(doc.Content[0])
+	}
+	if isNull(top) {
+		top = &yaml.Node{Kind: yaml.MappingNode, Line: top.Line, Column: top.Column}
+	}
+	if top.Kind != yaml.MappingNode {
+		l.errAt(top, "a policy must be a mapping (version, consts, roles, ...)")
+		return nil
+	}
+	return top
+}
+
+// topLevel reads the top level's keys: whether the policy has roles (else
+// it is one role, the flat form), and its pairs, each unknown key recorded.
+func (l *loader) topLevel(top *yaml.Node) (hasRoles bool, pairs [][2]*yaml.Node) {
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		if resolve(top.Content[i]).Value == "roles" {
+			hasRoles = true
+		}
+	}
+	allowed := topKeys
+	if !hasRoles {
+		allowed = flatKeys
+	}
+	pairs = l.mapping(top, "the policy", nil)
+	for _, kv := range pairs {
+		if !allowed[kv[0].Value] {
+			if hasRoles && roleKeys[kv[0].Value] {
+				l.errAt(kv[0], "%q belongs in a role: with roles: present, the top level holds only %s", kv[0].Value, keyList(topKeys))
+			} else {
+				l.errAt(kv[0], "unknown key %q at the top level (allowed: %s)", kv[0].Value, keyList(allowed))
+			}
+		}
+	}
+	return hasRoles, pairs
 }
 
 var yamlLineRe = lazyRegexp(`line (\d+)(?:, column (\d+))?: (.*)`)

@@ -45,69 +45,10 @@ func DecodeRequest(raw []byte) (req Request) {
 	hasRole := false
 	members := v.Members()
 	for i := range members {
-		m := &members[i]
-		switch m.Key {
-		case "role":
-			switch m.Val.Kind() {
-			case value.Null:
-			case value.String:
-				hasRole = true
-				req.Roles = append(req.Roles, m.Val.Str())
-			default:
-				invalid("role must be a string or null")
-			}
-		case "roles":
-			if m.Val.Kind() == value.Null {
-				continue
-			}
-			if m.Val.Kind() != value.Array {
-				invalid("roles must be an array of strings")
-				continue
-			}
-			if len(m.Val.Elems()) > MaxRoles {
-				invalid("%d roles, more than %d", len(m.Val.Elems()), MaxRoles)
-				continue
-			}
-			for _, r := range m.Val.Elems() {
-				if r.Kind() != value.String {
-					invalid("roles must be an array of strings")
-					break
-				}
-				req.Roles = append(req.Roles, r.Str())
-			}
-		case "tool":
-			if m.Val.Kind() != value.String || m.Val.Str() == "" {
-				invalid("tool must be a non-empty string")
-				continue
-			}
-			req.Tool = m.Val.Str()
-		case "args":
-			if m.Val.Kind() != value.Object {
-				invalid("args must be a JSON object")
-				continue
-			}
-			req.Args = &m.Val
-		case "ctx":
-			if m.Val.Kind() != value.Object {
-				invalid("ctx must be a JSON object")
-				continue
-			}
-			req.Ctx = &m.Val
-		case "context":
-			set, err := contextOf(m.Val)
-			if err != nil {
-				invalid("context: %v", err)
-				continue
-			}
-			req.Atoms = &set
-		case "session":
-			if m.Val.Kind() != value.String || m.Val.Str() == "" {
-				invalid("session must be a non-empty string")
-				continue
-			}
-			req.Session = m.Val.Str()
-		default:
-			invalid("unknown field %q (a call has role or roles, tool, args, ctx, and context or session)", m.Key)
+		named, why := req.member(&members[i])
+		hasRole = hasRole || named
+		if why != "" {
+			invalid("%s", why)
 		}
 	}
 	if hasRole && len(req.Roles) > 1 {
@@ -120,6 +61,66 @@ func DecodeRequest(raw []byte) (req Request) {
 		invalid("tool is required")
 	}
 	return req
+}
+
+// member reads one member of a request into req: whether it named a role
+// (role: "r"), and what is wrong with it, if anything.
+func (req *Request) member(m *value.Member) (role bool, why string) {
+	switch m.Key {
+	case "role":
+		switch m.Val.Kind() {
+		case value.Null:
+		case value.String:
+			req.Roles = append(req.Roles, m.Val.Str())
+			return true, ""
+		default:
+			return false, "role must be a string or null"
+		}
+	case "roles":
+		switch {
+		case m.Val.Kind() == value.Null:
+		case m.Val.Kind() != value.Array:
+			return false, "roles must be an array of strings"
+		case len(m.Val.Elems()) > MaxRoles:
+			return false, fmt.Sprintf("%d roles, more than %d", len(m.Val.Elems()), MaxRoles)
+		default:
+			for _, r := range m.Val.Elems() {
+				if r.Kind() != value.String {
+					return false, "roles must be an array of strings"
+				}
+				req.Roles = append(req.Roles, r.Str())
+			}
+		}
+	case "tool":
+		if m.Val.Kind() != value.String || m.Val.Str() == "" {
+			return false, "tool must be a non-empty string"
+		}
+		req.Tool = m.Val.Str()
+	case "args":
+		if m.Val.Kind() != value.Object {
+			return false, "args must be a JSON object"
+		}
+		req.Args = &m.Val
+	case "ctx":
+		if m.Val.Kind() != value.Object {
+			return false, "ctx must be a JSON object"
+		}
+		req.Ctx = &m.Val
+	case "context":
+		set, err := contextOf(m.Val)
+		if err != nil {
+			return false, fmt.Sprintf("context: %v", err)
+		}
+		req.Atoms = &set
+	case "session":
+		if m.Val.Kind() != value.String || m.Val.Str() == "" {
+			return false, "session must be a non-empty string"
+		}
+		req.Session = m.Val.Str()
+	default:
+		return false, fmt.Sprintf("unknown field %q (a call has role or roles, tool, args, ctx, and context or session)", m.Key)
+	}
+	return false, ""
 }
 
 // contextOf reads a context from the decoded request, without encoding it

@@ -160,13 +160,8 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if cerr != nil {
 		return nil, cerr
 	}
-	if len(files) != 3 || !all {
-		return nil, runError("run needs exactly the caller's stdin, stdout and stderr passed with the request (SCM_RIGHTS); got %d descriptors or more", len(files))
-	}
-	for i, f := range files {
-		if err := stdioOK(f); err != nil {
-			return nil, runError("descriptor %d: %v", i, err)
-		}
+	if cerr := runStdio(files, all); cerr != nil {
+		return nil, cerr
 	}
 	if len(p.Argv) == 0 || p.Argv[0] == "" {
 		return nil, runError("no command")
@@ -216,19 +211,39 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		a.mu.Lock()
 		reason := a.reason
 		a.mu.Unlock()
-		code, msg := exit.Code, ""
-		switch reason {
-		case "timeout":
-			code, msg = 124, "the run timed out; every process of it was killed"
-		case "closed":
-			code, msg = 137, "the session was closed; every process of the run was killed"
-		}
+		code, msg := exitOf(exit.Code, reason)
 		d.audit.Info("run", "kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", p.Argv, "cwd", cwd,
 			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
 		stopReader()
 		d.endRun(s, a, spec, reason == "")
 	}), nil
+}
+
+// runStdio checks the descriptors passed with a run: exactly the caller's
+// stdin, stdout and stderr, each of a kind a command may be given.
+func runStdio(files []*os.File, all bool) *control.Error {
+	if len(files) != 3 || !all {
+		return runError("run needs exactly the caller's stdin, stdout and stderr passed with the request (SCM_RIGHTS); got %d descriptors or more", len(files))
+	}
+	for i, f := range files {
+		if err := stdioOK(f); err != nil {
+			return runError("descriptor %d: %v", i, err)
+		}
+	}
+	return nil
+}
+
+// exitOf is the status a run reports, and what condfs run says of it: the
+// command's own, unless condfs ended it (a timeout, the session closed).
+func exitOf(code int, reason string) (int, string) {
+	switch reason {
+	case "timeout":
+		return 124, "the run timed out; every process of it was killed"
+	case "closed":
+		return 137, "the session was closed; every process of the run was killed"
+	}
+	return code, ""
 }
 
 // runEnv is the command's environment (sandbox.md): not inherited.

@@ -70,23 +70,11 @@ func initMain() int {
 		return exitInitFailed
 	}
 	ch := newChannel(conn)
-	fail := func(err error) int {
-		m := message{Op: opError, Step: "init", Err: err.Error()}
-		var se *stepError
-		if errors.As(err, &se) {
-			m.Step, m.Err = se.step, se.err.Error()
-		}
-		_ = ch.send(m)
-		return exitInitFailed
-	}
-	m, err := ch.recv()
+	fail := func(err error) int { return initFailed(ch, err) }
+	is, err := readSpec(ch)
 	if err != nil {
-		return fail(step("read spec", err))
+		return fail(err)
 	}
-	if m.Op != opSpec || m.Spec == nil {
-		return fail(step("read spec", fmt.Errorf("unexpected %q", m.Op)))
-	}
-	is := m.Spec
 	al, err := buildRoot(is)
 	if err != nil {
 		return fail(err)
@@ -135,6 +123,29 @@ func initMain() int {
 			return code
 		}
 	}
+}
+
+// initFailed tells the daemon which step of the init failed, and how.
+func initFailed(ch *channel, err error) int {
+	m := message{Op: opError, Step: "init", Err: err.Error()}
+	var se *stepError
+	if errors.As(err, &se) {
+		m.Step, m.Err = se.step, se.err.Error()
+	}
+	_ = ch.send(m)
+	return exitInitFailed
+}
+
+// readSpec reads the sandbox's description, the daemon's first message.
+func readSpec(ch *channel) (*initSpec, error) {
+	m, err := ch.recv()
+	if err != nil {
+		return nil, step("read spec", err)
+	}
+	if m.Op != opSpec || m.Spec == nil {
+		return nil, step("read spec", fmt.Errorf("unexpected %q", m.Op))
+	}
+	return m.Spec, nil
 }
 
 // dispatcher reads the daemon's messages once the sandbox is ready: it

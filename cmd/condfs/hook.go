@@ -71,41 +71,9 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 			decision, reason = "deny", fmt.Sprintf("condfs: internal error (%v); denied", r)
 		}
 	}()
-	deny := func(format string, a ...any) (string, string) {
-		return "deny", "condfs: " + fmt.Sprintf(format, a...)
-	}
-	data, err := io.ReadAll(io.LimitReader(stdin, maxHookInput+1))
-	if err != nil {
-		return deny("cannot read the hook input: %v", err)
-	}
-	if len(data) > maxHookInput {
-		return deny("the hook input is over %d bytes", maxHookInput)
-	}
-	// Read strictly and by exact keys (internal/jsonwire): Claude Code
-	// reads the input with JSON.parse, which matches keys exactly and reads
-	// numbers as float64; encoding/json would fold "tool_namE" onto
-	// "tool_name" and decide a tool other than the one that runs.
-	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true})
-	if err != nil {
-		return deny("malformed hook input: %v", err)
-	}
-	if in.Kind != jsonwire.Object {
-		return deny("malformed hook input: not a JSON object")
-	}
-	event, _ := in.Get("hook_event_name").Text()
-	tool, _ := in.Get("tool_name").Text()
-	input := in.Get("tool_input")
-	switch {
-	case event != "PreToolUse":
-		ev := "none"
-		if event != "" {
-			ev = event
-		}
-		return deny("this hook decides PreToolUse events, not %q", ev)
-	case tool == "":
-		return deny("the hook input has no tool_name")
-	case input == nil || input.Kind != jsonwire.Object:
-		return deny("tool_input must be a JSON object")
+	tool, input, why := hookInput(stdin)
+	if why != "" {
+		return "deny", "condfs: " + why
 	}
 	params := map[string]any{"tool": tool, "args": json.RawMessage(input.Bytes())}
 	if session != "" {
@@ -115,6 +83,53 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 	}
 	if len(roles) > 0 {
 		params["roles"] = roles
+	}
+	return hookAsk(socket, timeout, tool, params)
+}
+
+// hookInput reads a PreToolUse event: the tool and its input, or why it
+// cannot be decided.
+func hookInput(stdin io.Reader) (tool string, input *jsonwire.Value, why string) {
+	data, err := io.ReadAll(io.LimitReader(stdin, maxHookInput+1))
+	if err != nil {
+		return "", nil, fmt.Sprintf("cannot read the hook input: %v", err)
+	}
+	if len(data) > maxHookInput {
+		return "", nil, fmt.Sprintf("the hook input is over %d bytes", maxHookInput)
+	}
+	// Read strictly and by exact keys (internal/jsonwire): Claude Code
+	// reads the input with JSON.parse, which matches keys exactly and reads
+	// numbers as float64; encoding/json would fold "tool_namE" onto
+	// "tool_name" and decide a tool other than the one that runs.
+	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true})
+	if err != nil {
+		return "", nil, fmt.Sprintf("malformed hook input: %v", err)
+	}
+	if in.Kind != jsonwire.Object {
+		return "", nil, "malformed hook input: not a JSON object"
+	}
+	event, _ := in.Get("hook_event_name").Text()
+	tool, _ = in.Get("tool_name").Text()
+	input = in.Get("tool_input")
+	switch {
+	case event != "PreToolUse":
+		ev := "none"
+		if event != "" {
+			ev = event
+		}
+		return "", nil, fmt.Sprintf("this hook decides PreToolUse events, not %q", ev)
+	case tool == "":
+		return "", nil, "the hook input has no tool_name"
+	case input == nil || input.Kind != jsonwire.Object:
+		return "", nil, "tool_input must be a JSON object"
+	}
+	return tool, input, ""
+}
+
+// hookAsk asks the daemon for the decision and turns it into the hook's.
+func hookAsk(socket string, timeout time.Duration, tool string, params map[string]any) (decision, reason string) {
+	deny := func(format string, a ...any) (string, string) {
+		return "deny", "condfs: " + fmt.Sprintf(format, a...)
 	}
 	c, err := control.DialTimeout(socket, timeout)
 	if err != nil {

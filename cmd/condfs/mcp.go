@@ -75,22 +75,7 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	d := &socketDecider{socket: *socket, session: *session, atoms: ctxAtoms, roles: *roles}
 	defer d.close()
 	runErr := mcpproxy.Run(ctx, mcpproxy.Options{Decider: d, Logger: logger}, os.Stdin, stdout, sin, sout)
-	// The server's output has ended, or the client went away (its input
-	// is closed now): give it the grace period, then stop it.
-	waited := make(chan error, 1)
-	go func() { waited <- server.Wait() }()
-	var werr error
-	select {
-	case werr = <-waited:
-	case <-time.After(*grace):
-		server.Process.Signal(syscall.SIGTERM)
-		select {
-		case werr = <-waited:
-		case <-time.After(*grace):
-			server.Process.Kill()
-			werr = <-waited
-		}
-	}
+	werr := stopServer(server, *grace)
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
 		logger.Warn("relay ended", "err", runErr)
 	}
@@ -102,6 +87,27 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 		return exitError{exitFail}
 	}
 	return nil
+}
+
+// stopServer ends the server once the relay has: its output has ended, or
+// the client went away (its input is closed now). It gets grace to exit,
+// then SIGTERM and grace again, then SIGKILL.
+func stopServer(server *exec.Cmd, grace time.Duration) error {
+	waited := make(chan error, 1)
+	go func() { waited <- server.Wait() }()
+	select {
+	case err := <-waited:
+		return err
+	case <-time.After(grace):
+	}
+	server.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-waited:
+		return err
+	case <-time.After(grace):
+	}
+	server.Process.Kill()
+	return <-waited
 }
 
 // socketDecider decides through the daemon, over one connection (made

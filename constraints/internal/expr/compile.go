@@ -285,77 +285,91 @@ func (c *compiler) compare(n *Compare) (func(*Env) Tri, error) {
 	if err != nil {
 		return nil, err
 	}
-	typeWhy := n.Op + " needs two numbers or two strings: " + Print(n) + " compares other types"
 	switch n.Op {
 	case "==", "!=":
-		want := n.Op == "=="
-		return func(e *Env) Tri {
-			a := get(e, &l)
-			if a == nil {
-				return Unknown
-			}
-			b := get(e, &r)
-			if b == nil {
-				return Unknown
-			}
-			if value.Equal(a, b) == want {
-				return True
-			}
-			return False
-		}, nil
+		return equality(n.Op == "==", l, r), nil
 	case "<", "<=", ">", ">=":
-		test := map[string]func(int) bool{
-			"<": func(c int) bool { return c < 0 }, "<=": func(c int) bool { return c <= 0 },
-			">": func(c int) bool { return c > 0 }, ">=": func(c int) bool { return c >= 0 },
-		}[n.Op]
-		return func(e *Env) Tri {
-			a := get(e, &l)
-			if a == nil {
-				return Unknown
-			}
-			b := get(e, &r)
-			if b == nil {
-				return Unknown
-			}
-			cmp, ok := value.Compare(a, b)
-			if !ok {
-				e.Why = firstWhy(e.Why, typeWhy)
-				return Unknown
-			}
-			if test(cmp) {
-				return True
-			}
-			return False
-		}, nil
+		return ordering(n, l, r), nil
 	case "in", "not in":
-		hit, miss := True, False
-		if n.Op == "not in" {
-			hit, miss = False, True
-		}
-		listWhy := "the right side of " + n.Op + " is not an array"
-		return func(e *Env) Tri {
-			a := get(e, &l)
-			if a == nil {
-				return Unknown
-			}
-			list := get(e, &r)
-			if list == nil {
-				return Unknown
-			}
-			if list.Kind() != value.Array {
-				e.Why = firstWhy(e.Why, listWhy)
-				return Unknown
-			}
-			elems := list.Elems()
-			for i := range elems {
-				if value.Equal(a, &elems[i]) {
-					return hit
-				}
-			}
-			return miss
-		}, nil
+		return membership(n.Op == "in", n.Op, l, r), nil
 	}
 	return nil, &Error{Off: n.P, Msg: "unknown operator " + n.Op}
+}
+
+// equality is == (want true) or != (want false).
+func equality(want bool, l, r operand) func(*Env) Tri {
+	return func(e *Env) Tri {
+		a := get(e, &l)
+		if a == nil {
+			return Unknown
+		}
+		b := get(e, &r)
+		if b == nil {
+			return Unknown
+		}
+		if value.Equal(a, b) == want {
+			return True
+		}
+		return False
+	}
+}
+
+// ordering is <, <=, > or >=, of two numbers or two strings.
+func ordering(n *Compare, l, r operand) func(*Env) Tri {
+	typeWhy := n.Op + " needs two numbers or two strings: " + Print(n) + " compares other types"
+	test := map[string]func(int) bool{
+		"<": func(c int) bool { return c < 0 }, "<=": func(c int) bool { return c <= 0 },
+		">": func(c int) bool { return c > 0 }, ">=": func(c int) bool { return c >= 0 },
+	}[n.Op]
+	return func(e *Env) Tri {
+		a := get(e, &l)
+		if a == nil {
+			return Unknown
+		}
+		b := get(e, &r)
+		if b == nil {
+			return Unknown
+		}
+		cmp, ok := value.Compare(a, b)
+		if !ok {
+			e.Why = firstWhy(e.Why, typeWhy)
+			return Unknown
+		}
+		if test(cmp) {
+			return True
+		}
+		return False
+	}
+}
+
+// membership is in (in true) or not in, of a value in an array.
+func membership(in bool, op string, l, r operand) func(*Env) Tri {
+	hit, miss := True, False
+	if !in {
+		hit, miss = False, True
+	}
+	listWhy := "the right side of " + op + " is not an array"
+	return func(e *Env) Tri {
+		a := get(e, &l)
+		if a == nil {
+			return Unknown
+		}
+		list := get(e, &r)
+		if list == nil {
+			return Unknown
+		}
+		if list.Kind() != value.Array {
+			e.Why = firstWhy(e.Why, listWhy)
+			return Unknown
+		}
+		elems := list.Elems()
+		for i := range elems {
+			if value.Equal(a, &elems[i]) {
+				return hit
+			}
+		}
+		return miss
+	}
 }
 
 func (c *compiler) call(n *Call) (func(*Env) Tri, error) {

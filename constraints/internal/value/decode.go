@@ -274,46 +274,8 @@ func (d *decoder) str() (string, error) {
 		case c < 0x20:
 			return "", d.errf("control character in string")
 		case c == '\\':
-			if d.pos+1 >= len(d.s) {
-				return "", d.errf("unterminated escape")
-			}
-			e := d.s[d.pos+1]
-			d.pos += 2
-			switch e {
-			case '"', '\\', '/':
-				b.WriteByte(e)
-			case 'b':
-				b.WriteByte('\b')
-			case 'f':
-				b.WriteByte('\f')
-			case 'n':
-				b.WriteByte('\n')
-			case 'r':
-				b.WriteByte('\r')
-			case 't':
-				b.WriteByte('\t')
-			case 'u':
-				r, err := d.hex4()
-				if err != nil {
-					return "", err
-				}
-				if utf16.IsSurrogate(r) {
-					if r >= 0xDC00 || !strings.HasPrefix(d.s[d.pos:], `\u`) {
-						return "", d.errf("lone UTF-16 surrogate in string")
-					}
-					d.pos += 2
-					r2, err := d.hex4()
-					if err != nil {
-						return "", err
-					}
-					r = utf16.DecodeRune(r, r2)
-					if r == utf8.RuneError {
-						return "", d.errf("invalid UTF-16 surrogate pair in string")
-					}
-				}
-				b.WriteRune(r)
-			default:
-				return "", d.errf("invalid escape \\%c", e)
+			if err := d.escape(&b); err != nil {
+				return "", err
 			}
 		default:
 			b.WriteByte(c)
@@ -323,6 +285,52 @@ func (d *decoder) str() (string, error) {
 			return "", d.checkLen(b.Len())
 		}
 	}
+}
+
+// escape decodes the escape at d.pos (a backslash) into b.
+func (d *decoder) escape(b *strings.Builder) error {
+	if d.pos+1 >= len(d.s) {
+		return d.errf("unterminated escape")
+	}
+	e := d.s[d.pos+1]
+	d.pos += 2
+	switch e {
+	case '"', '\\', '/':
+		b.WriteByte(e)
+	case 'b':
+		b.WriteByte('\b')
+	case 'f':
+		b.WriteByte('\f')
+	case 'n':
+		b.WriteByte('\n')
+	case 'r':
+		b.WriteByte('\r')
+	case 't':
+		b.WriteByte('\t')
+	case 'u':
+		r, err := d.hex4()
+		if err != nil {
+			return err
+		}
+		if utf16.IsSurrogate(r) {
+			if r >= 0xDC00 || !strings.HasPrefix(d.s[d.pos:], `\u`) {
+				return d.errf("lone UTF-16 surrogate in string")
+			}
+			d.pos += 2
+			r2, err := d.hex4()
+			if err != nil {
+				return err
+			}
+			r = utf16.DecodeRune(r, r2)
+			if r == utf8.RuneError {
+				return d.errf("invalid UTF-16 surrogate pair in string")
+			}
+		}
+		b.WriteRune(r)
+	default:
+		return d.errf("invalid escape \\%c", e)
+	}
+	return nil
 }
 
 func (d *decoder) checkLen(n int) error {

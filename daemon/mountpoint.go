@@ -43,7 +43,7 @@ func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Er
 // on an empty directory it owns, or under MountRoot, where the daemon makes
 // the directory itself; the daemon creates nothing elsewhere for it. A dead
 // FUSE mount there is cleared only once the peer may use the directory
-// (clearDead); a live one is refused by fsys.Mount, after these checks.
+// (clearDead); a live one is refused by Host.Mount, after these checks.
 func (d *Daemon) mountpoint(peer uint32, mount string) (int, *control.Error) {
 	under := filepath.Dir(mount) == filepath.Clean(d.cfg.MountRoot)
 	switch {

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dirHandle is a directory opened to serve one READDIR (guardFS.withDir;
+// dirHandle is a directory opened to serve one READDIR (connFS.withDir;
 // the kernel opens directories by itself, see cache_listing.go). It reads the
 // backing directory from the offset the kernel asks for, and decides each
 // entry when it hands it out, in the session's context at that moment and

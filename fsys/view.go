@@ -280,7 +280,7 @@ func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
 		// context switch and linked after would answer stale: ruled
 		// entries are recorded and dropped by the switch (node.lookup);
 		// a reload, which can change any decision, waits for listings in
-		// flight (plusMu) and drops the entries it changed.
+		// flight (its barrier) and drops the entries it changed.
 		Debug: debug,
 	}
 }

@@ -14,18 +14,25 @@ import (
 // requests acting at once. Nothing in the package is mutable outside a Host
 // (test hooks are set per Host, by test-only build files).
 //
-// Lock order (a lock may be taken while holding those above it, never the
-// other way round; none of them is held across a syscall that can block on
-// a backing filesystem or on the kernel's FUSE locks):
+// Locks. None of these is held while another of the list is taken, except
+// as the table says, and none shared by views (the first four) is held
+// across a syscall that can block on a backing filesystem or on the
+// kernel's FUSE locks:
 //
-//	Host.mu (views)          registry only
-//	View.hmu (handles)       registry only
-//	fileHandle.mu            a handle's cached decision
-//	listings.mu, nameSet.mu  ledgers of what the kernel caches
-//	barrier.mu               listings in flight
-//	backingSet.mu            registry only (opens happen outside it)
-//	Watcher.mu               watch tables (inotify_add_watch outside it)
-//	threadSet.mu             pinned threads' credentials
+//	Host.mu                    the view registry
+//	backingSet.mu              the backing registry (opens happen before it)
+//	Watcher.mu                 watch tables (inotify_add_watch outside it)
+//	threadSet.mu               pinned threads' credentials
+//	handleSet.mu               a view's open files
+//	fileHandle.mu              a handle's cached decision
+//	fileHandle.fdMu (read)     keeps the fd open while its path is read: an
+//	                           fstat and a readlink of the handle's own file
+//	listings.mu, nameSet.mu    ledgers of what the kernel caches
+//	listed.mu                  one listing's drop, held across its entry
+//	                           notification (which waits for the directory's
+//	                           lock): it stalls only that view's switch
+//	barrier.mu                 listings in flight (a reload waits on its cond)
+//	dirHandle.mu, rootDir.mu   one listing's read position
 //
 // A request's place among those acting (acting.go) is taken before any of
 // them and never while holding one.

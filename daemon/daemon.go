@@ -167,6 +167,11 @@ func New(cfg Config) (*Daemon, error) {
 	if err := d.policy.initial(); err != nil {
 		return nil, err
 	}
+	if d.conditions.Load().Sandbox() != nil && sandbox.Probe().Build != "" {
+		// Runs are configured: index the host's programs now rather
+		// than at the first run.
+		sandbox.IndexPrograms()
+	}
 	for _, w := range d.policy.Load().Warnings() {
 		d.log.Warn("policy lint", "warning", w.String())
 	}

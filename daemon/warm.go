@@ -14,7 +14,8 @@ package daemon
 // closed) leaves nothing.
 //
 // A kept sandbox is used only by a run whose sandbox would be built the
-// same (the key: owner, groups, view, [sandbox] binaries, network, limits);
+// same (the key: owner, groups, view, [sandbox] binaries, network, limits,
+// the index of the host's programs);
 // any other is dropped. Only a session that runs commands in a row keeps
 // one (its last run began less than idle before this one): on a node of
 // many sessions, one that runs a command now and then would only evict
@@ -56,11 +57,12 @@ type warmRun struct {
 }
 
 // warmKey is what a kept sandbox must have been built from to serve spec's
-// run.
+// run: the spec, and the index of the host's programs that runs cover
+// (a new scan retires the sandboxes built with the one before).
 func warmKey(spec sandbox.Spec) string {
 	spec.Argv, spec.Env, spec.Cwd, spec.Allowed = nil, nil, "", nil
 	b, _ := json.Marshal(spec)
-	return string(b)
+	return string(b) + " " + sandbox.Probe().Programs.Indexed
 }
 
 func newWarmPool(max int) *warmPool {

@@ -181,6 +181,80 @@ func TestRunLive(t *testing.T) {
 	}
 }
 
+// TestAttackRunLoader: a program of a library directory runs neither by
+// execve nor through the ELF interpreter (which every dynamic program needs
+// executable) unless the context allows it, live in a running shell: git,
+// listed and allowed only in DMs, and git-http-push, not listed. Before the
+// runs' noexec covers, the interpreter ran both in any context, and execve
+// ran git in any context too (Landlock let every listed binary run).
+func TestAttackRunLoader(t *testing.T) {
+	const git, push, ld = "/usr/lib/git-core/git", "/usr/lib/git-core/git-http-push", "/lib64/ld-linux-x86-64.so.2"
+	for _, p := range []string{git, push, ld} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s: %v (the CI machines have git)", p, err)
+		}
+	}
+	d, _ := runHomeWith(t, privateRule+`
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/tr", "`+git+`"]
+
+[exec."`+git+`"]
+when = "discord:dm"
+action = "allow"
+`)
+	var st struct {
+		Sandbox struct {
+			Programs struct {
+				Covers  int    `json:"covers"`
+				Indexed string `json:"indexed"`
+			} `json:"programs"`
+		} `json:"sandbox"`
+	}
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
+		"sh", "-c", `while read line; do out=$(eval "$line" 2>&1 | tr -d '\n'); echo "$out [$?]"; done`)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	lines := bufio.NewScanner(stdout)
+	ask := func(line string) string {
+		t.Helper()
+		fmt.Fprintln(stdin, line)
+		if !lines.Scan() {
+			t.Fatal("the run ended")
+		}
+		return lines.Text()
+	}
+	const ok, denied, unmapped = "git version", "Permission denied", "failed to map segment"
+	for i, c := range []struct {
+		ctx        []string
+		line, want string
+	}{
+		{dmCtx, git + " --version", ok},
+		{dmCtx, ld + " " + git + " --version", ok},
+		{dmCtx, ld + " " + push, unmapped},
+		{guildCtx, git + " --version", denied},
+		{guildCtx, ld + " " + git + " --version", unmapped},
+		{guildCtx, push, denied},
+		{guildCtx, ld + " " + push, unmapped},
+		{dmCtx, ld + " " + git + " --version", ok},
+	} {
+		if i > 0 {
+			d.setContext("s", c.ctx)
+		}
+		if got := ask(c.line); !strings.Contains(got, c.want) {
+			t.Errorf("step %d, %s: %q, want %q", i, c.line, got, c.want)
+		}
+	}
+	d.call("status", map[string]any{}, &st)
+	if st.Sandbox.Programs.Covers == 0 || st.Sandbox.Programs.Indexed == "" {
+		t.Errorf("status sandbox.programs: %+v", st.Sandbox.Programs)
+	}
+}
+
 // TestRunClientGone: when condfs run dies, the command and what it started
 // die too.
 func TestRunClientGone(t *testing.T) {
@@ -267,6 +341,11 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	}
 	if out, code := run("python3", "-c", "open('/tmp/a', 'wb').write(b'x' * (2 << 20))"); code == 0 || !strings.Contains(out, "No space left") {
 		t.Fatalf("2 MiB in /tmp under 1 MiB: exit %d %q", code, out)
+	}
+	// The ELF interpreter maps no program of a library directory that
+	// the run may not execute on this path either (TestAttackRunLoader).
+	if out, code := run("sh", "-c", "/lib64/ld-linux-x86-64.so.2 /usr/lib/git-core/git-http-push"); code == 0 || !strings.Contains(out, "failed to map segment") {
+		t.Fatalf("a library directory's program through the interpreter: exit %d %q", code, out)
 	}
 	// --tty: a terminal of the run's own devpts on this path too.
 	tty := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--tty", "--",

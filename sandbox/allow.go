@@ -17,7 +17,9 @@ const (
 	// allowed: its mount point is created and removed with it (ENOENT).
 	placeBin placeKind = iota
 	// placeShown: under /usr or a library directory, which the run shows
-	// whole; nothing to bind, and it stays until Landlock restricts it.
+	// whole: bound over itself, executable only while allowed (the mount's
+	// noexec is what changes), so neither execve nor the ELF interpreter
+	// runs it otherwise.
 	placeShown
 	// placeOther: elsewhere; bound over an empty placeholder while allowed.
 	placeOther
@@ -57,23 +59,26 @@ func newAllowState(entries []binEntry, h *hostLayout) (*allowState, error) {
 				sl.kind, sl.binDir = placeBin, d
 			}
 		}
-		if sl.kind != placeBin {
-			shown := append([]string{"/usr"}, h.libs...)
-			for _, d := range shown {
-				if under(e.Place, d) {
-					sl.kind = placeShown
-				}
+		attrs := uint64(attrRO)
+		if sl.kind != placeBin && h.shown(e.Place) {
+			if !h.shown(e.Source) {
+				continue // a link out of the shown trees, dangling in the run
+			}
+			// It is bound over the file it names, which the run shows.
+			sl.place, sl.kind = e.Source, placeShown
+			attrs |= unix.MOUNT_ATTR_NOEXEC
+			if other, ok := byPlace[sl.place]; ok {
+				other.names = append(other.names, e.Name)
+				continue
 			}
 		}
-		if sl.kind != placeShown {
-			fd, err := cloneTree(e.Source, attrRO)
-			if err != nil {
-				al.close()
-				return nil, err
-			}
-			sl.spare = fd
+		fd, err := cloneTree(e.Source, attrs)
+		if err != nil {
+			al.close()
+			return nil, err
 		}
-		byPlace[e.Place] = sl
+		sl.spare = fd
+		byPlace[sl.place] = sl
 		al.slots = append(al.slots, sl)
 	}
 	sort.Slice(al.slots, func(i, j int) bool { return al.slots[i].place < al.slots[j].place })
@@ -87,6 +92,29 @@ func (al *allowState) close() {
 			sl.spare = -1
 		}
 	}
+}
+
+// attachShown binds each binary of the shown trees over itself under the
+// new root n, not executable until set allows it. In order of place, so a
+// listed file inside a listed directory lies above the directory's mount.
+func (al *allowState) attachShown(n string) error {
+	for _, sl := range al.slots {
+		if sl.kind != placeShown {
+			continue
+		}
+		at, err := openBeneath(n, sl.place)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", sl.place, err)
+		}
+		err = attachAt(sl.spare, at, sl.place)
+		unix.Close(at)
+		if err != nil {
+			return err
+		}
+		unix.Close(sl.spare)
+		sl.spare = -1
+	}
+	return nil
 }
 
 // placeholders creates, under the new root n, the empty files and
@@ -139,7 +167,14 @@ func (al *allowState) set(names []string) error {
 	}
 	var err error
 	for _, sl := range al.slots {
-		if sl.kind == placeShown || !sl.attached || allowed(sl) {
+		if !sl.attached || allowed(sl) {
+			continue
+		}
+		if sl.kind == placeShown {
+			if err = setExec(sl.place, false); err != nil {
+				break
+			}
+			sl.attached = false
 			continue
 		}
 		if err = unix.Unmount(sl.place, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
@@ -159,7 +194,14 @@ func (al *allowState) set(names []string) error {
 	}
 	if err == nil {
 		for _, sl := range al.slots {
-			if sl.kind == placeShown || sl.attached || !allowed(sl) {
+			if sl.attached || !allowed(sl) {
+				continue
+			}
+			if sl.kind == placeShown {
+				if err = setExec(sl.place, true); err != nil {
+					break
+				}
+				sl.attached = true
 				continue
 			}
 			if sl.kind == placeBin {
@@ -181,6 +223,18 @@ func (al *allowState) set(names []string) error {
 		}
 	}
 	return err
+}
+
+// setExec makes the mount at place (a shown binary's own) executable or not.
+func setExec(place string, exec bool) error {
+	a := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOEXEC}
+	if exec {
+		a = &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_NOEXEC}
+	}
+	if err := unix.MountSetattr(unix.AT_FDCWD, place, unix.AT_SYMLINK_NOFOLLOW, a); err != nil {
+		return fmt.Errorf("exec %v %s: %w", exec, place, err)
+	}
+	return nil
 }
 
 // makeTarget creates the empty file a bin-directory binary is bound over.

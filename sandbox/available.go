@@ -58,6 +58,16 @@ type Protections struct {
 	Error    string `json:"error,omitempty"` // why none can be built
 	Landlock int    `json:"landlock_abi"`    // the Landlock ABI in force for runs, 0 for none
 	Seccomp  bool   `json:"seccomp"`
+	// Programs is the index of the host's programs that runs cover with
+	// noexec mounts, so the ELF interpreter cannot run them (programs.go).
+	Programs ProgramsIndex `json:"programs"`
+}
+
+// ProgramsIndex is the state of the index of the host's programs.
+type ProgramsIndex struct {
+	Covers  int    `json:"covers"`            // noexec mounts each run gets
+	Indexed string `json:"indexed,omitempty"` // when the index in use was taken (RFC 3339); "" before the first
+	Error   string `json:"error,omitempty"`   // why there is none: runs are refused
 }
 
 var probed struct {
@@ -80,5 +90,18 @@ func Probe() Protections {
 			probed.p.Build, probed.p.Error = "", err.Error()
 		}
 	})
-	return probed.p
+	p := probed.p
+	p.Programs = hostPrograms.state()
+	return p
+}
+
+// IndexPrograms starts indexing the host's programs in the background, so
+// that a daemon's first run does not wait for it (Prepare waits when it
+// must).
+func IndexPrograms() {
+	hostPrograms.mu.Lock()
+	defer hostPrograms.mu.Unlock()
+	if hostPrograms.at.IsZero() && !hostPrograms.scanning {
+		hostPrograms.start()
+	}
 }

@@ -126,6 +126,14 @@ func TestIdentity(t *testing.T) {
 
 func TestMountsNosuidNodev(t *testing.T) {
 	out := expect(t, testSpec(t, "cat /proc/self/mountinfo"), 0, "")
+	covers, err := hostPrograms.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	covered := map[string]bool{}
+	for _, c := range covers {
+		covered[c] = true
+	}
 	var points []string
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Fields(l)
@@ -141,6 +149,9 @@ func TestMountsNosuidNodev(t *testing.T) {
 		if !isDev && !strings.Contains(opts, ",nodev,") {
 			t.Errorf("%s is not nodev: %s", point, f[5])
 		}
+		if covered[point] && !strings.Contains(opts, ",noexec,") {
+			t.Errorf("%s covers programs but is not noexec: %s", point, f[5])
+		}
 		writable := map[string]bool{"/tmp": true, "/dev/shm": true, "/workspace": true, "/memories": true, "/proc": true, "/dev/pts": true}
 		if !strings.HasPrefix(point, "/dev/") || point == "/dev/shm" {
 			if !writable[point] && !strings.Contains(opts, ",ro,") {
@@ -153,6 +164,8 @@ func TestMountsNosuidNodev(t *testing.T) {
 		"/etc", "/etc/alternatives", "/etc/ssl/certs", "/memories", "/proc", "/tmp", "/usr", "/usr/bin",
 		"/usr/bin/cat", "/usr/bin/chmod", "/usr/bin/cp", "/usr/bin/id", "/usr/bin/ls", "/usr/bin/sh", "/usr/bin/sleep", "/usr/bin/true",
 		"/usr/local/bin", "/usr/sbin", "/workspace"}
+	want = append(want, covers...)
+	sort.Strings(want)
 	if got := strings.Join(points, " "); got != strings.Join(want, " ") {
 		t.Errorf("mount points:\n%s\nwant:\n%s", got, strings.Join(want, " "))
 	}

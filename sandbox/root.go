@@ -102,6 +102,22 @@ func setRO(target string) error {
 	return nil
 }
 
+// shown says whether p lies in a tree the run shows whole: /usr (outside
+// the bin directories) or a library directory.
+func (h *hostLayout) shown(p string) bool {
+	for _, d := range h.binDirs {
+		if under(p, d) {
+			return false
+		}
+	}
+	for _, d := range append([]string{"/usr"}, h.libs...) {
+		if under(p, d) {
+			return true
+		}
+	}
+	return false
+}
+
 // hostLayout is what the init learns of the host before it hides it.
 type hostLayout struct {
 	links    map[string]string // /bin, /lib64, ... that are symlinks: their targets
@@ -352,6 +368,16 @@ func assembleRoot(n string, is *initSpec, h *hostLayout, clones map[string]int, 
 		if err := attach(clones[d], n+d); err != nil {
 			return step(d, err)
 		}
+	}
+	// Before the bin directories' tmpfs: a cover of a directory above one
+	// (/usr/local) must lie beneath it.
+	for _, p := range is.NoExec {
+		if err := coverNoexec(n, p); err != nil {
+			return step("noexec programs", err)
+		}
+	}
+	if err := al.attachShown(n); err != nil {
+		return step("binaries", err)
 	}
 	for _, d := range h.binDirs {
 		if err := mk(d, 0o755); err != nil {

@@ -57,8 +57,9 @@ type binEntry struct {
 type initSpec struct {
 	Spec     Spec
 	Entries  []binEntry
-	Rlimits  bool   // no cgroup holds the run: limit with rlimits
-	Hostname string // of the run's UTS namespace
+	NoExec   []string // programs of /usr and the library directories to cover (programs.go)
+	Rlimits  bool     // no cgroup holds the run: limit with rlimits
+	Hostname string   // of the run's UTS namespace
 }
 
 // Command is what a prepared run starts: what differs between two runs of

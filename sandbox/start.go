@@ -87,6 +87,10 @@ func Prepare(spec Spec) (*Run, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	noexec, err := hostPrograms.get()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: socketpair: %w", err)
@@ -128,7 +132,7 @@ func Prepare(spec Spec) (*Run, error) {
 		}
 		rlimits = true
 	}
-	is := &initSpec{Spec: spec, Entries: entries, Rlimits: rlimits, Hostname: "condfs"}
+	is := &initSpec{Spec: spec, Entries: entries, NoExec: noexec, Rlimits: rlimits, Hostname: "condfs"}
 	if err := r.ch.send(message{Op: opSpec, Spec: is}); err != nil {
 		return fail(err)
 	}

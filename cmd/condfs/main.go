@@ -51,9 +51,9 @@ const intro = `condfs gives AI agents per-session, context-aware file and tool a
 Each agent session (a Discord DM, a guild channel, a cron heartbeat, ...) gets
 its own FUSE view of memories/ and workspace/ in which paths that its context
 may not see do not exist, and its tool calls are decided against a policy.
-condfs gates file tools; it is not an exec sandbox yet: 'condfs run' runs
-commands in a sandbox of the session's view, a second line until
-docs/sandbox.md's "What does not hold yet" is done.
+'condfs run' runs a command in a sandbox whose only files are the session's
+view and which may execute only what its context allows; condfs does not
+confine processes it did not start (docs/security.md).
 `
 
 func usage(w io.Writer) {

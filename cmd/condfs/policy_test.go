@@ -156,7 +156,7 @@ func TestPolicyEvalBatch(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	r := condfs(t, nil, "help")
-	if r.code != 0 || !strings.Contains(r.stdout, "not an exec sandbox") || !strings.Contains(r.stdout, "policy") {
+	if r.code != 0 || !strings.Contains(r.stdout, "does not\nconfine processes it did not start") || !strings.Contains(r.stdout, "policy") {
 		t.Fatalf("help: %+v", r)
 	}
 	r = condfs(t, nil, "policy", "--help")

@@ -86,8 +86,32 @@ func setup() (*fixture, error) {
 	if err := build(".", "./loopback", filepath.Join(bin, "loopback")); err != nil {
 		return f, err
 	}
-	// go-fuse loopback over the same tree.
+	if benchUID > 0 {
+		// The caller must be able to reach and change the tree natively,
+		// and mount its own loopback of it (/dev/fuse 0666, as most
+		// distributions ship it).
+		if st, err := os.Stat("/dev/fuse"); err == nil && st.Mode().Perm() != 0o666 {
+			os.Chmod("/dev/fuse", 0o666)
+			f.stop = append(f.stop, func() { os.Chmod("/dev/fuse", st.Mode().Perm()) })
+		}
+		os.Chmod(tmp, 0o755)
+		for _, p := range []string{f.backing, loopDir} {
+			filepath.Walk(p, func(p string, _ os.FileInfo, err error) error {
+				if err == nil {
+					os.Lchown(p, benchUID, benchUID)
+				}
+				return nil
+			})
+		}
+	}
+	// go-fuse loopback over the same tree; with CONDFS_BENCH_UID, the
+	// caller's own (run as that uid, mounted through fusermount3), as a
+	// user who compares condfs with what they could mount themselves.
 	loop := exec.Command(filepath.Join(bin, "loopback"), home, loopDir)
+	if benchUID > 0 {
+		id := fmt.Sprint(benchUID)
+		loop = exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", filepath.Join(bin, "loopback"), home, loopDir)
+	}
 	out, _ := loop.StdoutPipe()
 	loop.Stderr = os.Stderr
 	if err := loop.Start(); err != nil {
@@ -123,14 +147,6 @@ func setup() (*fixture, error) {
 	open := map[string]any{"id": "b", "mount": mnt, "context": []string{"discord:guild:7"}}
 	if benchUID > 0 {
 		open["owner"] = benchUID
-		// The caller must be able to reach and change the tree natively.
-		os.Chmod(tmp, 0o755)
-		filepath.Walk(f.backing, func(p string, _ os.FileInfo, err error) error {
-			if err == nil {
-				os.Lchown(p, benchUID, benchUID)
-			}
-			return nil
-		})
 	}
 	if err := f.ctl.Call("session.open", open, nil); err != nil {
 		return f, err
@@ -206,7 +222,7 @@ func wantsFUSE() bool {
 	for _, a := range os.Args {
 		if strings.HasPrefix(a, "-test.bench=") && a != "-test.bench=" {
 			pat := strings.TrimPrefix(a, "-test.bench=")
-			return pat == "." || strings.Contains(pat, "FS") || strings.Contains(pat, "ContextSet") || strings.Contains(pat, "Macro")
+			return pat == "." || strings.Contains(pat, "FS") || strings.Contains(pat, "ContextSet") || strings.Contains(pat, "Macro") || strings.Contains(pat, "Goals")
 		}
 	}
 	return false
@@ -224,21 +240,27 @@ func each(b *testing.B, fn func(b *testing.B, dir string)) {
 	}
 	for _, name := range []string{"native", "loopback", "condfs"} {
 		b.Run(name, func(b *testing.B) {
-			if benchUID > 0 {
-				// This goroutine's thread acts as the uid: per-thread
-				// fsuid/fsgid, no supplementary groups.
-				runtime.LockOSThread()
-				syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0)
-				syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(benchUID), 0, 0)
-				syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(benchUID), 0, 0)
-				defer func() {
-					syscall.RawSyscall(syscall.SYS_SETFSUID, 0, 0, 0)
-					syscall.RawSyscall(syscall.SYS_SETFSGID, 0, 0, 0)
-					runtime.UnlockOSThread()
-				}()
-			}
+			defer actAsBenchUID()()
 			fn(b, fx.mounts[name])
 		})
+	}
+}
+
+// actAsBenchUID makes the calling goroutine's thread act as
+// CONDFS_BENCH_UID (per-thread fsuid/fsgid, no supplementary groups), so
+// that FUSE requests carry that uid; the returned func undoes it.
+func actAsBenchUID() func() {
+	if benchUID == 0 {
+		return func() {}
+	}
+	runtime.LockOSThread()
+	syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0)
+	syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(benchUID), 0, 0)
+	syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(benchUID), 0, 0)
+	return func() {
+		syscall.RawSyscall(syscall.SYS_SETFSUID, 0, 0, 0)
+		syscall.RawSyscall(syscall.SYS_SETFSGID, 0, 0, 0)
+		runtime.UnlockOSThread()
 	}
 }
 

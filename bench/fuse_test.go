@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,9 +24,10 @@ import (
 //
 // CONDFS_BENCH_BIG sets the sequential-read file size in MiB (default 1024).
 // CONDFS_BENCH_METRICS=1 serves the daemon's metrics (FUSE requests timed).
-// CONDFS_BENCH_UID runs every operation as that uid (the benchmark thread's
-// fsuid and fsgid; FUSE requests carry them), so that condfs acts as a
-// non-root caller; the session is opened for that uid.
+// CONDFS_BENCH_UID runs every operation as that uid (on a thread whose uids
+// and gids are all that uid; FUSE requests carry them), so that condfs acts
+// as a non-root caller; the session is opened for that uid, and the loopback
+// is that uid's own mount.
 
 type fixture struct {
 	backing string            // the tree (workspace of the agent home)
@@ -240,27 +240,12 @@ func each(b *testing.B, fn func(b *testing.B, dir string)) {
 	}
 	for _, name := range []string{"native", "loopback", "condfs"} {
 		b.Run(name, func(b *testing.B) {
-			defer actAsBenchUID()()
-			fn(b, fx.mounts[name])
+			// With CONDFS_BENCH_UID, every variant runs as a process of
+			// that uid would (the loopback is that uid's own mount).
+			if err := asBenchUID(func() error { fn(b, fx.mounts[name]); return nil }); err != nil {
+				b.Fatal(err)
+			}
 		})
-	}
-}
-
-// actAsBenchUID makes the calling goroutine's thread act as
-// CONDFS_BENCH_UID (per-thread fsuid/fsgid, no supplementary groups), so
-// that FUSE requests carry that uid; the returned func undoes it.
-func actAsBenchUID() func() {
-	if benchUID == 0 {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	syscall.RawSyscall(syscall.SYS_SETGROUPS, 0, 0, 0)
-	syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(benchUID), 0, 0)
-	syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(benchUID), 0, 0)
-	return func() {
-		syscall.RawSyscall(syscall.SYS_SETFSUID, 0, 0, 0)
-		syscall.RawSyscall(syscall.SYS_SETFSGID, 0, 0, 0)
-		runtime.UnlockOSThread()
 	}
 }
 

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -98,24 +99,28 @@ func BenchmarkGoals(b *testing.B) {
 // CONDFS_BENCH_UID, as a process of that user: the caller's own loopback
 // mount (no allow_other) admits only such a process. The thread is never
 // unlocked, so it ends with f's goroutine and its identity serves nothing
-// else.
+// else. A benchmark's FailNow inside f ends only that goroutine, which
+// still reports (the benchmark is marked failed).
 func asBenchUID(f func() error) error {
 	if benchUID == 0 {
 		return f()
 	}
-	errc := make(chan error, 1)
+	err := errors.New("the benchmark stopped")
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		runtime.LockOSThread()
 		id := uintptr(benchUID)
 		for _, c := range [][4]uintptr{{syscall.SYS_SETGROUPS, 0, 0, 0}, {syscall.SYS_SETRESGID, id, id, id}, {syscall.SYS_SETRESUID, id, id, id}} {
 			if _, _, e := syscall.RawSyscall(c[0], c[1], c[2], c[3]); e != 0 {
-				errc <- fmt.Errorf("act as uid %d: %w", benchUID, e)
+				err = fmt.Errorf("act as uid %d: %w", benchUID, e)
 				return
 			}
 		}
-		errc <- f()
+		err = f()
 	}()
-	return <-errc
+	<-done
+	return err
 }
 
 func openClose(dir string) error {

@@ -17,10 +17,11 @@ import (
 
 // The FUSE benchmarks run the same operations over the same tree three
 // ways in one run: the native filesystem, go-fuse's plain loopback, and a
-// condfs view with 1,000 rules (the files touched are under no rule, so
-// reads use passthrough). They need root.
+// condfs view with 1,000 rules (the files touched are under no rule; reads
+// come from the FUSE page cache, since a passthrough handle could not be
+// revoked). They need root (docs/performance.md, "FUSE views").
 //
-//	cd bench && go test -run '^$' -bench 'FS|ContextSet' -benchtime 2s
+//	cd bench && CONDFS_BENCH_BIG=256 go test -run '^$' -bench 'FS|ContextSet' -benchtime 1s -count 3
 //
 // CONDFS_BENCH_BIG sets the sequential-read file size in MiB (default 1024).
 // CONDFS_BENCH_METRICS=1 serves the daemon's metrics (FUSE requests timed).

@@ -20,7 +20,7 @@ import (
 // ratio over the rounds. Run it as a non-root caller against that caller's
 // own loopback:
 //
-//	cd bench && CONDFS_BENCH_UID=65534 go test -run '^$' -bench Goals -benchtime 7x
+//	cd bench && CONDFS_BENCH_UID=65534 go test -run '^$' -bench Goals -benchtime 9x
 //
 // open+close and create+write+close are condfs ÷ loopback (time, lower is
 // better, goal ≤ 1.0); the warm 256 MiB read of a file under no rule is

@@ -154,17 +154,8 @@ func (al *allowState) set(names []string) error {
 		}
 		return false
 	}
-	rw := map[string]bool{}
-	writable := func(d string) error {
-		if rw[d] {
-			return nil
-		}
-		if err := unix.MountSetattr(unix.AT_FDCWD, d, 0, &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}); err != nil {
-			return fmt.Errorf("writable %s: %w", d, err)
-		}
-		rw[d] = true
-		return nil
-	}
+	rw := writableDirs{}
+	writable := rw.open
 	var err error
 	for _, sl := range al.slots {
 		if !sl.attached || allowed(sl) {
@@ -217,6 +208,29 @@ func (al *allowState) set(names []string) error {
 			}
 		}
 	}
+	if e := rw.close(); err == nil {
+		err = e
+	}
+	return err
+}
+
+// writableDirs are the bin directories an update made writable, each once.
+type writableDirs map[string]bool
+
+func (rw writableDirs) open(d string) error {
+	if rw[d] {
+		return nil
+	}
+	if err := unix.MountSetattr(unix.AT_FDCWD, d, 0, &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}); err != nil {
+		return fmt.Errorf("writable %s: %w", d, err)
+	}
+	rw[d] = true
+	return nil
+}
+
+// close makes them read-only again, reporting the first failure.
+func (rw writableDirs) close() error {
+	var err error
 	for d := range rw {
 		if e := setRO(d); e != nil && err == nil {
 			err = e

@@ -69,6 +69,20 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	return r, nil
 }
 
+// resolveHost is what the daemon learns of the host for a run: its
+// binaries' entries and the programs to cover.
+func resolveHost(binaries []string) ([]binEntry, []string, error) {
+	entries, err := resolveBinaries(binaries)
+	if err != nil {
+		return nil, nil, err
+	}
+	noexec, err := hostPrograms.get()
+	if err != nil {
+		return nil, nil, err
+	}
+	return entries, noexec, nil
+}
+
 // Prepare builds the sandbox of spec (its Command fields are not used) and
 // returns it waiting for its command: the root built, the init in its
 // cgroups and confined as the command will be, spec.Allowed attached (Begin
@@ -83,11 +97,7 @@ func Prepare(spec Spec) (*Run, error) {
 	if err := (&Command{Argv: []string{"-"}, Allowed: spec.Allowed}).validate(spec.Binaries); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	entries, err := resolveBinaries(spec.Binaries)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	noexec, err := hostPrograms.get()
+	entries, noexec, err := resolveHost(spec.Binaries)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}

@@ -36,6 +36,12 @@
 // mount_setattr), and ioctl with TIOCSTI or TIOCLINUX (terminal input
 // injection). ioctl's request is an unsigned int to the kernel, so only its
 // low 32 bits are compared: TIOCSTI with high bits set is refused as well.
+// Also with EPERM, memory both written and executed (W^X): mmap executable
+// and writable or executable and anonymous, mprotect and pkey_mprotect to
+// executable, shmat with SHM_EXEC, and personality with READ_IMPLIES_EXEC
+// (which would make every readable mapping executable). Every executable
+// page then comes from a file of an exec mount, which a run holds
+// read-only; JITs do not run.
 //
 // With ENOSYS: clone3 entirely (its flags live in memory a filter cannot
 // read; glibc and Go fall back to clone, whose flags it can), and every

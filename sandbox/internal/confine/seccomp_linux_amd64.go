@@ -34,6 +34,20 @@ var refusedEPERM = []syscallNr{
 	{"memfd_create", unix.SYS_MEMFD_CREATE}, {"memfd_secret", unix.SYS_MEMFD_SECRET},
 }
 
+// Memory that is both written and executed: an ELF handed to the
+// interpreter from a noexec place (/tmp) had ld.so map one segment
+// anonymous and executable, write its code there with relocations and jump
+// to it; a library's pages could be mapped writable and executable too.
+// So no mapping is writable and executable, no anonymous mapping is
+// executable, and mprotect never adds execution (seccomp cannot see what it
+// removes): every executable page comes from a file of an exec mount, which
+// the run holds read-only. JITs cannot run (docs/sandbox.md).
+const (
+	readImpliesExec = 0x0400000 // personality(2): PROT_READ then implies PROT_EXEC
+	personaQuery    = 0xffffffff
+	shmExec         = 0o100000 // SHM_EXEC
+)
+
 // cloneNewFlags are the namespace flags clone(2) accepts in its first
 // argument (CLONE_NEWTIME only goes through clone3, refused whole).
 const cloneNewFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC |
@@ -49,6 +63,8 @@ const (
 	offArch     = 4
 	offArg0Low  = 16
 	offArg1Low  = 16 + 8*1
+	offArg2Low  = 16 + 8*2
+	offArg3Low  = 16 + 8*3
 	auditArchX8 = unix.AUDIT_ARCH_X86_64
 
 	// x32SyscallBit marks a syscall number of the x32 ABI, which runs
@@ -81,9 +97,10 @@ var filterProgram = sync.OnceValues(func() ([]unix.SockFilter, error) {
 // or an x32 number is ENOSYS; ioctl and clone are decided on their
 // arguments' low 32 bits (the kernel reads ioctl's request as unsigned int;
 // every namespace flag of clone is below bit 32); clone3 is ENOSYS; each
-// refused number is EPERM; everything else is allowed. The kernel's
-// seccomp action cache then skips the filter for every allowed syscall but
-// ioctl and clone, whose result depends on their arguments.
+// refused number is EPERM; mmap, mprotect, pkey_mprotect, shmat and
+// personality are decided on their protection or flags (W^X, above);
+// everything else is allowed. The kernel's seccomp action cache then skips
+// the filter for every allowed syscall but those decided on arguments.
 func buildFilter() ([]bpf.Instruction, error) {
 	const (
 		toAllow = -1 - iota // jump targets: the three returns at the end
@@ -111,6 +128,16 @@ func buildFilter() ([]bpf.Instruction, error) {
 	cond(bpf.JumpEqual, unix.SYS_IOCTL, 0) // its target is set below
 	clone := len(jumps)
 	cond(bpf.JumpEqual, unix.SYS_CLONE, 0)
+	mmap := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_MMAP, 0)
+	mprotect := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_MPROTECT, 0)
+	pkeyMprotect := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_PKEY_MPROTECT, 0)
+	shmat := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_SHMAT, 0)
+	personality := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_PERSONALITY, 0)
 	cond(bpf.JumpEqual, unix.SYS_CLONE3, toENOSYS)
 	for _, sc := range refusedEPERM {
 		cond(bpf.JumpEqual, sc.nr, toEPERM)
@@ -124,6 +151,33 @@ func buildFilter() ([]bpf.Instruction, error) {
 	jumps[clone].to = len(prog)
 	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
 	cond(bpf.JumpBitsSet, cloneNewFlags, toEPERM)
+	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	// mmap(addr, len, prot, flags, ...): executable and writable, or
+	// executable and anonymous, is refused.
+	jumps[mmap].to = len(prog)
+	prog = append(prog, bpf.LoadAbsolute{Off: offArg2Low, Size: 4})
+	jumps = append(jumps, jump{len(prog), toAllow, false})
+	prog = append(prog, bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: unix.PROT_EXEC})
+	cond(bpf.JumpBitsSet, unix.PROT_WRITE, toEPERM)
+	prog = append(prog, bpf.LoadAbsolute{Off: offArg3Low, Size: 4})
+	cond(bpf.JumpBitsSet, unix.MAP_ANONYMOUS, toEPERM)
+	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	// mprotect and pkey_mprotect(addr, len, prot): never to executable.
+	jumps[mprotect].to = len(prog)
+	jumps[pkeyMprotect].to = len(prog)
+	prog = append(prog, bpf.LoadAbsolute{Off: offArg2Low, Size: 4})
+	cond(bpf.JumpBitsSet, unix.PROT_EXEC, toEPERM)
+	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	// shmat(id, addr, flags): no executable System V segment.
+	jumps[shmat].to = len(prog)
+	prog = append(prog, bpf.LoadAbsolute{Off: offArg2Low, Size: 4})
+	cond(bpf.JumpBitsSet, shmExec, toEPERM)
+	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	// personality(persona): not READ_IMPLIES_EXEC (a query is allowed).
+	jumps[personality].to = len(prog)
+	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
+	cond(bpf.JumpEqual, personaQuery, toAllow)
+	cond(bpf.JumpBitsSet, readImpliesExec, toEPERM)
 	allow := len(prog)
 	prog = append(prog, bpf.RetConstant{Val: retAllow}, bpf.RetConstant{Val: retEPERM}, bpf.RetConstant{Val: retENOSYS})
 	for _, j := range jumps {

@@ -315,7 +315,7 @@ func runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowe
 // beginRun starts cmd in the session's kept sandbox, or a new one, with
 // files as its stdio and the binaries its context allows as it begins.
 func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File) (*activeRun, *control.Error) {
-	r := d.warm.take(&s.runs, warmKey(spec))
+	r := d.warm.take(&s.runs, warmKey(spec, sandbox.Probe().Programs.Indexed))
 	if r != nil {
 		d.warm.warmStarts.Add(1)
 	} else {
@@ -356,7 +356,7 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 // the view, holds them.
 func (d *Daemon) endRun(s *session, a *activeRun, spec sandbox.Spec, reusable bool) {
 	if a.inRow && reusable {
-		d.warm.keep(&s.runs, warmKey(spec), a.r)
+		d.warm.keep(&s.runs, warmKey(spec, a.r.Indexed()), a.r)
 	} else {
 		a.r.Kill()
 		a.r.Gone()

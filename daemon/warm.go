@@ -57,12 +57,13 @@ type warmRun struct {
 }
 
 // warmKey is what a kept sandbox must have been built from to serve spec's
-// run: the spec, and the index of the host's programs that runs cover
-// (a new scan retires the sandboxes built with the one before).
-func warmKey(spec sandbox.Spec) string {
+// run: the spec, and the index of the host's programs it covers (the
+// current one to take; the run's own to keep: a new scan retires the
+// sandboxes built with the one before).
+func warmKey(spec sandbox.Spec, indexed string) string {
 	spec.Argv, spec.Env, spec.Cwd, spec.Allowed = nil, nil, "", nil
 	b, _ := json.Marshal(spec)
-	return string(b) + " " + sandbox.Probe().Programs.Indexed
+	return string(b) + " " + indexed
 }
 
 func newWarmPool(max int) *warmPool {

@@ -116,11 +116,6 @@ func (b *backing) abs(p string) string {
 	return b.real + p
 }
 
-// under reports whether the absolute path p is dir or lies beneath it.
-func under(p, dir string) bool {
-	return p == dir || dir == "/" || (strings.HasPrefix(p, dir) && p[len(dir)] == '/')
-}
-
 // backingSet holds a host's open backing directories, shared by every view
 // over the same directory: a session then costs no descriptor of its own,
 // and a node holds thousands. Its lock guards the map alone: a directory

@@ -161,7 +161,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		// which may wait for READs in flight, so no place among the
 		// requests acting may be held then (acting.go).
 		if moved != nil {
-			n.view.host.revokeMoved(dev, moved)
+			n.view.host.revokeMoved(dev)
 		}
 	}()
 	defer a.restore()

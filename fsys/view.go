@@ -359,27 +359,18 @@ func (v *View) revokeWhere(sel func(*fileHandle) bool) {
 }
 
 // revokeMoved decides again, as the daemon, the open files of every view
-// that a rename may have moved: those on filesystem dev whose last known
-// path is one of moved (absolute paths, as the kernel names them) or lies
-// beneath one. A file moved outside the views since its last decision is
-// decided at the next switch or reload of its view (or its next I/O).
-func (h *Host) revokeMoved(dev uint64, moved []string) {
+// on filesystem dev after a rename there, each by the path its descriptor
+// has now. Not only those whose last known path the rename moved: that
+// path can be stale (a rename on the backing since, or a concurrent rename
+// of a parent between this rename's decision and its renameat2), and an
+// attacker's review kept reading and writing a file moved into a denied
+// directory both ways (integration/atk2_test.go).
+func (h *Host) revokeMoved(dev uint64) {
 	h.threads.unpin() // the daemon's credentials: the thread may keep a caller's
 	for _, v := range h.each() {
 		v.revokeWhere(func(fh *fileHandle) bool {
 			b := fh.node.backing()
-			if b == nil || b.dev != dev {
-				return false
-			}
-			fh.mu.Lock()
-			p := b.abs(fh.last)
-			fh.mu.Unlock()
-			for _, m := range moved {
-				if under(p, m) {
-					return true
-				}
-			}
-			return false
+			return b != nil && b.dev == dev
 		})
 	}
 }

@@ -126,7 +126,7 @@ func TestIdentity(t *testing.T) {
 
 func TestMountsNosuidNodev(t *testing.T) {
 	out := expect(t, testSpec(t, "cat /proc/self/mountinfo"), 0, "")
-	covers, err := hostPrograms.get()
+	covers, _, err := hostPrograms.get()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,10 +53,10 @@ type programIndex struct {
 // same for every run.
 var hostPrograms programIndex
 
-// get returns the paths to cover, scanning first if there is no index yet
+// get returns the paths to cover and when they were found, scanning first if there is no index yet
 // (every caller waits for that one scan), and starting a background scan
 // when the index is old.
-func (x *programIndex) get() ([]string, error) {
+func (x *programIndex) get() ([]string, time.Time, error) {
 	x.mu.Lock()
 	if x.at.IsZero() {
 		if !x.scanning {
@@ -70,26 +70,30 @@ func (x *programIndex) get() ([]string, error) {
 	if !x.scanning && time.Since(x.at) > programsMaxAge {
 		x.start()
 	}
-	covers, err := x.covers, x.err
+	covers, at, err := x.covers, x.at, x.err
 	x.mu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("index the host's programs: %w", err)
+		return nil, at, fmt.Errorf("index the host's programs: %w", err)
 	}
-	return covers, nil
+	return covers, at, nil
 }
 
 // state reports the index without waiting for a scan.
 func (x *programIndex) state() ProgramsIndex {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	st := ProgramsIndex{Covers: len(x.covers)}
-	if !x.at.IsZero() {
-		st.Indexed = x.at.UTC().Format(time.RFC3339)
-	}
+	st := ProgramsIndex{Covers: len(x.covers), Indexed: indexedString(x.at)}
 	if x.err != nil {
 		st.Error = x.err.Error()
 	}
 	return st
+}
+
+func indexedString(at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return at.UTC().Format(time.RFC3339Nano)
 }
 
 // start begins a scan; x.mu is held.
@@ -123,31 +127,28 @@ func shownRoots() []string {
 	return roots
 }
 
-// scanPrograms walks roots, staying on each root's filesystem (the run shows
+// scanPrograms walks roots, staying on each root's mount (the run shows
 // a root without its submounts) and leaving out the directories in skip, and
 // returns the mounts that cover every program found: a directory whose
 // subtree holds a program and no library, or else each program on its own.
-// A directory or file it cannot read is left out (the run's command, with
-// no more rights than the daemon, cannot read it either).
+// A directory it cannot list is covered whole; a file it cannot read is
+// left out (the run's command, with no more rights than the daemon, cannot
+// read it either); any other failure fails the scan.
 func scanPrograms(roots, skip []string) ([]string, error) {
 	var covers []string
 	for _, r := range roots {
-		var st unix.Stat_t
-		if err := unix.Lstat(r, &st); err != nil {
-			if err == unix.ENOENT {
-				continue
-			}
-			return nil, fmt.Errorf("stat %s: %w", r, err)
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			continue
-		}
 		fd, err := unix.Open(r, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
+		switch {
+		case err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP:
+			continue // not there, or a link (a usr-merge link is /usr's)
+		case err != nil:
 			return nil, fmt.Errorf("open %s: %w", r, err)
 		}
-		s := &scan{dev: st.Dev, skip: skip, sem: make(chan struct{}, 4)}
+		s := &scan{mnt: mountOf(fd), skip: skip, sem: make(chan struct{}, 4)}
 		whole, _ := s.dir(r, fd)
+		if s.err != nil {
+			return nil, s.err
+		}
 		covers = append(append(covers, s.covers...), whole...)
 	}
 	sort.Strings(covers)
@@ -155,12 +156,32 @@ func scanPrograms(roots, skip []string) ([]string, error) {
 }
 
 type scan struct {
-	dev  uint64
+	mnt  uint64 // the root's mount: the run shows it without submounts
 	skip []string
 	sem  chan struct{} // bounds the directories scanned at once
 
 	mu     sync.Mutex
 	covers []string
+	err    error // the first failure other than a refused permission
+}
+
+func (s *scan) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+}
+
+// mountOf is the id of the mount fd is on (statx, Linux 5.8; 0 before,
+// and then nothing is left out as another mount). A mount, not a device:
+// a btrfs subvolume has its own st_dev on the same mount.
+func mountOf(fd int) uint64 {
+	var stx unix.Statx_t
+	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx) != nil {
+		return 0
+	}
+	return stx.Mnt_id
 }
 
 // dir scans d. A subtree with programs and no library returns itself, for
@@ -178,7 +199,9 @@ func (s *scan) dir(d string, fd int) (whole []string, lib bool) {
 	}
 	ents, err := f.ReadDir(-1)
 	if err != nil {
-		return nil, false
+		// What could not be listed is covered whole: its programs
+		// are unknown, and a command may know their names.
+		return []string{d}, false
 	}
 	var progs []string // programs here
 	var (
@@ -190,13 +213,13 @@ func (s *scan) dir(d string, fd int) (whole []string, lib bool) {
 		p := filepath.Join(d, e.Name())
 		switch {
 		case e.Type().IsDir():
-			sub, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				continue
+			sub, unlisted := s.open(fd, e.Name(), p)
+			if unlisted {
+				mu.Lock()
+				clean = append(clean, p)
+				mu.Unlock()
 			}
-			var st unix.Stat_t
-			if unix.Fstat(sub, &st) != nil || st.Dev != s.dev {
-				unix.Close(sub)
+			if sub < 0 {
 				continue
 			}
 			merge := func(w []string, l bool) {
@@ -217,7 +240,11 @@ func (s *scan) dir(d string, fd int) (whole []string, lib bool) {
 				merge(s.dir(p, sub))
 			}
 		case e.Type().IsRegular():
-			switch elfKind(fd, e.Name()) {
+			kind, err := elfKind(fd, e.Name())
+			if err != nil {
+				s.fail(fmt.Errorf("read %s: %w", p, err))
+			}
+			switch kind {
 			case elfProgram:
 				progs = append(progs, p)
 			case elfLibrary:
@@ -240,6 +267,28 @@ func (s *scan) dir(d string, fd int) (whole []string, lib bool) {
 	return nil, true
 }
 
+// open opens the subdirectory name of fd (at p) to scan it, or returns -1:
+// unlisted when the daemon may not open it, which a command may still
+// search (mode 0711), so it is covered whole; nothing for one on another
+// mount or gone since it was listed.
+func (s *scan) open(fd int, name, p string) (sub int, unlisted bool) {
+	sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	switch {
+	case err == unix.EACCES || err == unix.EPERM:
+		return -1, true
+	case err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP:
+		return -1, false
+	case err != nil:
+		s.fail(fmt.Errorf("open %s: %w", p, err))
+		return -1, false
+	}
+	if mountOf(sub) != s.mnt {
+		unix.Close(sub)
+		return -1, false
+	}
+	return sub, false
+}
+
 type elfClass int
 
 const (
@@ -248,17 +297,26 @@ const (
 	elfLibrary
 )
 
-// elfKind says whether p is an ELF file the interpreter could run (an
-// executable, or a shared object not named as a library) or a library.
-func elfKind(dir int, name string) elfClass {
+// elfKind says whether name (in dir) is an ELF file the interpreter could
+// run (an executable, or a shared object not named as a library) or a
+// library. A file the daemon may not read is neither (nor can the
+// command, with no more rights, read it); any other failure is an error.
+func elfKind(dir int, name string) (elfClass, error) {
 	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-	if err != nil {
-		return elfNone
+	switch {
+	case err == unix.EACCES || err == unix.EPERM || err == unix.ENOENT || err == unix.ELOOP:
+		return elfNone, nil
+	case err != nil:
+		return elfNone, err
 	}
 	defer unix.Close(fd)
 	var h [20]byte
-	if n, err := unix.Pread(fd, h[:], 0); err != nil || n < len(h) || string(h[:4]) != "\x7fELF" {
-		return elfNone
+	n, err := unix.Pread(fd, h[:], 0)
+	if err != nil {
+		return elfNone, err
+	}
+	if n < len(h) || string(h[:4]) != "\x7fELF" {
+		return elfNone, nil
 	}
 	var typ uint16
 	switch h[5] {
@@ -267,18 +325,18 @@ func elfKind(dir int, name string) elfClass {
 	case 2:
 		typ = binary.BigEndian.Uint16(h[16:])
 	default:
-		return elfNone
+		return elfNone, nil
 	}
 	switch typ {
 	case 2: // ET_EXEC
-		return elfProgram
+		return elfProgram, nil
 	case 3: // ET_DYN: a PIE program or a shared library
 		if libraryName.MatchString(name) {
-			return elfLibrary
+			return elfLibrary, nil
 		}
-		return elfProgram
+		return elfProgram, nil
 	}
-	return elfNone
+	return elfNone, nil
 }
 
 // coverNoexec mounts a noexec, read-only copy of p (under the new root n,

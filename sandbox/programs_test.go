@@ -55,6 +55,26 @@ func TestScanPrograms(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("covers:\n%v\nwant\n%v", got, want)
 	}
+	// A directory the daemon cannot list (0311: searchable, not readable)
+	// may hold programs a command knows the names of: covered whole. Root
+	// lists it, and covers its program alone beside its library.
+	elfFile(t, r+"/locked/libz.so.1", 3)
+	elfFile(t, r+"/locked/prog", 2)
+	if err := os.Chmod(r+"/locked", 0o311); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(r+"/locked", 0o755)
+	got, err = scanPrograms([]string{r}, []string{r + "/bin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []string{r + "/a", r + "/b/c", r + "/b/tool", r + "/locked"}
+	if os.Geteuid() == 0 {
+		want[3] = r + "/locked/prog"
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("covers with an unlistable directory:\n%v\nwant\n%v", got, want)
+	}
 	// A tree without a library anywhere is covered from its root.
 	only := t.TempDir()
 	elfFile(t, only+"/x/y/prog", 2)
@@ -120,7 +140,7 @@ func TestLoaderRunsNoProgram(t *testing.T) {
 	}
 
 	// Every program the index covers, not listed: none maps.
-	covers, err := hostPrograms.get()
+	covers, _, err := hostPrograms.get()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,9 @@ type Run struct {
 	conn *os.File
 	cg   *cgroups
 	spec Spec
+	// indexed is when the index of the host's programs it covers was
+	// taken (programs.go).
+	indexed time.Time
 
 	mu      sync.Mutex // guards the fields below
 	nextID  uint64
@@ -69,18 +72,22 @@ func Start(spec Spec, stdin, stdout, stderr *os.File) (*Run, error) {
 	return r, nil
 }
 
+// Indexed is when the index of the host's programs this run's sandbox
+// covers was taken, as status shows it (ProgramsIndex.Indexed).
+func (r *Run) Indexed() string { return indexedString(r.indexed) }
+
 // resolveHost is what the daemon learns of the host for a run: its
 // binaries' entries and the programs to cover.
-func resolveHost(binaries []string) ([]binEntry, []string, error) {
+func resolveHost(binaries []string) ([]binEntry, []string, time.Time, error) {
 	entries, err := resolveBinaries(binaries)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, time.Time{}, err
 	}
-	noexec, err := hostPrograms.get()
+	noexec, at, err := hostPrograms.get()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, time.Time{}, err
 	}
-	return entries, noexec, nil
+	return entries, noexec, at, nil
 }
 
 // Prepare builds the sandbox of spec (its Command fields are not used) and
@@ -97,7 +104,7 @@ func Prepare(spec Spec) (*Run, error) {
 	if err := (&Command{Argv: []string{"-"}, Allowed: spec.Allowed}).validate(spec.Binaries); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	entries, noexec, err := resolveHost(spec.Binaries)
+	entries, noexec, indexed, err := resolveHost(spec.Binaries)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -122,7 +129,7 @@ func Prepare(spec Spec) (*Run, error) {
 	}
 	initEnd.Close()
 
-	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, spec: spec, pending: map[uint64]chan string{},
+	r := &Run{cmd: cmd, ch: newChannel(conn), conn: conn, spec: spec, indexed: indexed, pending: map[uint64]chan string{},
 		started: make(chan message, 1), exited: make(chan struct{}), readDone: make(chan struct{}), done: make(chan struct{})}
 	fail := func(err error) (*Run, error) {
 		_ = cmd.Process.Kill()

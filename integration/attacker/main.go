@@ -85,6 +85,23 @@ func main() {
 		locker(p)
 	case "shell": // one command per line on stdin, one answer line each
 		shell(os.Stdin, os.Stdout)
+	case "hold2":
+		hold2(p, os.Args[3])
+	case "mmapbig":
+		mmapbig(p)
+	case "dirhold":
+		dirhold(p)
+	case "race":
+		th, _ := strconv.Atoi(os.Args[3])
+		race(p, th, 0, os.Args[4])
+	case "shell2":
+		fmt.Println("ready")
+		shell(os.Stdin, os.Stdout)
+	case "flip":
+		flip(p, os.Args[3])
+	case "busy":
+		th, _ := strconv.Atoi(os.Args[3])
+		busy(p, th)
 	case "flood": // flood SOCKET N: open N control connections and hold them
 		flood(floodArgs())
 	default:

@@ -107,10 +107,6 @@ func buildFilter() ([]bpf.Instruction, error) {
 		toEPERM
 		toENOSYS
 	)
-	type jump struct {
-		at, to int // instruction index; target index, or one of to*
-		onTrue bool
-	}
 	var prog []bpf.Instruction
 	var jumps []jump
 	// cond appends a test that goes to `to` when it holds (and falls
@@ -180,10 +176,23 @@ func buildFilter() ([]bpf.Instruction, error) {
 	cond(bpf.JumpBitsSet, readImpliesExec, toEPERM)
 	allow := len(prog)
 	prog = append(prog, bpf.RetConstant{Val: retAllow}, bpf.RetConstant{Val: retEPERM}, bpf.RetConstant{Val: retENOSYS})
+	return resolveJumps(prog, jumps, allow, toAllow)
+}
+
+// jump is a conditional jump of the filter whose target is set once the
+// program is laid out.
+type jump struct {
+	at, to int // instruction index; target index, or first-1-k for the k-th return at the end
+	onTrue bool
+}
+
+// resolveJumps sets each jump's skip: to its target index, or to one of
+// the returns that start at allow (a target of first, first-1, ...).
+func resolveJumps(prog []bpf.Instruction, jumps []jump, allow, first int) ([]bpf.Instruction, error) {
 	for _, j := range jumps {
 		to := j.to
 		if to < 0 {
-			to = allow + (toAllow - to)
+			to = allow + (first - to)
 		}
 		skip := to - (j.at + 1)
 		if skip < 0 || skip > 255 {

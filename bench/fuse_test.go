@@ -175,27 +175,7 @@ func populate(dir string) error {
 	if s := os.Getenv("CONDFS_BENCH_BIG"); s != "" {
 		fmt.Sscan(s, &size)
 	}
-	big, err := os.Create(filepath.Join(dir, "data/big"))
-	if err != nil {
-		return err
-	}
-	defer big.Close()
-	chunk := make([]byte, 1<<20)
-	for i := range chunk {
-		chunk[i] = byte(i)
-	}
-	for i := int64(0); i < size; i++ {
-		if _, err := big.Write(chunk); err != nil {
-			return err
-		}
-	}
-	// Write back and read once, so that every variant reads the same
-	// warm page cache and no writeback runs during a measurement.
-	big.Sync()
-	syscall.Sync()
-	big.Seek(0, io.SeekStart)
-	_, err = io.Copy(io.Discard, big)
-	return err
+	return writeWarm(filepath.Join(dir, "data/big"), int(size))
 }
 
 func TestMain(m *testing.M) {

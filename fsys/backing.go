@@ -105,17 +105,6 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 	return "", 0, false, false
 }
 
-// abs is the absolute path, as the kernel names it, of the space path p.
-func (b *backing) abs(p string) string {
-	switch {
-	case b.real == "/":
-		return p
-	case p == "/":
-		return b.real
-	}
-	return b.real + p
-}
-
 // backingSet holds a host's open backing directories, shared by every view
 // over the same directory: a session then costs no descriptor of its own,
 // and a node holds thousands. Its lock guards the map alone: a directory

@@ -154,13 +154,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if errno != 0 {
 		return errno
 	}
-	var moved []string // absolute paths on dev that the rename moved
-	var dev uint64
+	renamed, dev := false, uint64(0) // set once the rename is done, on filesystem dev
 	defer func() {
 		// After restore: revoking waits for the kernel to drop pages,
 		// which may wait for READs in flight, so no place among the
 		// requests acting may be held then (acting.go).
-		if moved != nil {
+		if renamed {
 			n.view.host.revokeMoved(dev)
 		}
 	}()
@@ -190,10 +189,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errnoOf(err)
 	}
 	n.view.host.renames.Add(1)
-	dev, moved = src.b.dev, []string{src.b.abs(src.path)}
-	if exchange {
-		moved = append(moved, dst.b.abs(dst.path))
-	}
+	renamed, dev = true, src.b.dev
 	if (src.isDir() || (exchange && dst.isDir())) && d.ruledSpace(n.space) {
 		// The names below the directory moved with it: a switch decides
 		// again whether it can change their listings (the epoch), and the

@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,11 +133,10 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// TestRunLive: a context switch changes what a running command sees (the
-// DM's private file) and may execute (cat, allowed only in DMs) before
-// context.set returns, and session.close ends its runs.
-func TestRunLive(t *testing.T) {
-	d, _ := runHome(t)
+// runShell starts, as uid 65534, a shell run of session "s" that runs each
+// line it is asked and answers one line: its output and exit status.
+func runShell(t *testing.T, d *daemon) (*exec.Cmd, io.WriteCloser, func(string) string) {
+	t.Helper()
 	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
 		"sh", "-c", `while read line; do out=$(eval "$line" 2>&1 | tr -d '\n'); echo "$out [$?]"; done`)
 	stdin, _ := cmd.StdinPipe()
@@ -146,7 +146,7 @@ func TestRunLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := bufio.NewScanner(stdout)
-	ask := func(line string) string {
+	return cmd, stdin, func(line string) string {
 		t.Helper()
 		fmt.Fprintln(stdin, line)
 		if !lines.Scan() {
@@ -154,6 +154,14 @@ func TestRunLive(t *testing.T) {
 		}
 		return lines.Text()
 	}
+}
+
+// TestRunLive: a context switch changes what a running command sees (the
+// DM's private file) and may execute (cat, allowed only in DMs) before
+// context.set returns, and session.close ends its runs.
+func TestRunLive(t *testing.T) {
+	d, _ := runHome(t)
+	cmd, _, ask := runShell(t, d)
 	// One shell, running throughout: what it sees and may execute follow
 	// the session's context as each context.set returns.
 	for i, c := range []struct {
@@ -210,24 +218,8 @@ action = "allow"
 			} `json:"programs"`
 		} `json:"sandbox"`
 	}
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
-		"sh", "-c", `while read line; do out=$(eval "$line" 2>&1 | tr -d '\n'); echo "$out [$?]"; done`)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, ask := runShell(t, d)
 	defer func() { stdin.Close(); cmd.Wait() }()
-	lines := bufio.NewScanner(stdout)
-	ask := func(line string) string {
-		t.Helper()
-		fmt.Fprintln(stdin, line)
-		if !lines.Scan() {
-			t.Fatal("the run ended")
-		}
-		return lines.Text()
-	}
 	const ok, denied, unmapped = "git version", "Permission denied", "failed to map segment"
 	for i, c := range []struct {
 		ctx        []string

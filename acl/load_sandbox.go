@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -57,12 +58,18 @@ func (l *loader) sandbox(c *Config, prim toml.Primitive) error {
 			} else {
 				sb.connections = int(n)
 			}
+		case "hosts":
+			var h string
+			if err := l.md.PrimitiveDecode(fp, &h); err != nil || !filepath.IsAbs(h) || filepath.Clean(h) != h {
+				return l.failAt(fp, "[sandbox]: hosts must be the absolute, clean path of a hosts(5) file")
+			}
+			sb.hosts = h
 		case "reach_private":
 			if err := l.sandboxReach(sb, fp); err != nil {
 				return err
 			}
 		default:
-			return l.failAt(fp, "[sandbox]: unknown key %q (want binaries, network, memory, pids, tmp_size, connections, reach_private)", k)
+			return l.failAt(fp, "[sandbox]: unknown key %q (want binaries, network, memory, pids, tmp_size, connections, reach_private, hosts)", k)
 		}
 	}
 	if !hasBinaries {

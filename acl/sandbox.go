@@ -54,6 +54,7 @@ type Sandbox struct {
 	pids         int   // 0: unset
 	connections  int
 	reachPrivate []netip.Prefix
+	hosts        string
 }
 
 // Sandbox returns the [sandbox] table, or nil when the file has none: then
@@ -84,6 +85,10 @@ func (s *Sandbox) Connections() int { return s.connections }
 func (s *Sandbox) ReachPrivate() []netip.Prefix {
 	return append([]netip.Prefix(nil), s.reachPrivate...)
 }
+
+// Hosts is the hosts(5) file the egress gateway resolves names from before
+// DNS under NetworkPolicy, or "".
+func (s *Sandbox) Hosts() string { return s.hosts }
 
 // MayReachPrivate reports whether reach_private lists addr. An IPv4-mapped
 // IPv6 address is its IPv4 address; a zone is ignored.

@@ -435,17 +435,19 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 	if err != nil {
 		d.log.Error("policy reload failed; last good policy stays", "err", err)
 	}
+	if polChanged && !condChanged {
+		// The policy decides the runs' connections: each is decided again.
+		for _, s := range d.sessionsWithViews() {
+			s.switchMu.Lock()
+			for _, a := range s.runs.list() {
+				recheckEgress(a)
+			}
+			s.switchMu.Unlock()
+		}
+	}
 	if condChanged {
 		d.log.Info("conditions reloaded", "generation", d.conditions.status().Generation)
-		d.mu.Lock()
-		sessions := make([]*session, 0, len(d.sessions))
-		for _, s := range d.sessions {
-			if s.view != nil {
-				sessions = append(sessions, s)
-			}
-		}
-		d.mu.Unlock()
-		for _, s := range sessions {
+		for _, s := range d.sessionsWithViews() {
 			if err := s.view.Invalidate(oldRules); err != nil {
 				d.log.Warn("invalidate view", "mount", s.view.Mountpoint(), "err", err)
 			}
@@ -455,6 +457,19 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		}
 	}
 	return d.configStatus()
+}
+
+// sessionsWithViews lists the sessions whose views are mounted.
+func (d *Daemon) sessionsWithViews() []*session {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sessions := make([]*session, 0, len(d.sessions))
+	for _, s := range d.sessions {
+		if s.view != nil {
+			sessions = append(sessions, s)
+		}
+	}
+	return sessions
 }
 
 // fuseObserver times FUSE requests for the metrics, or nil when they are

@@ -111,6 +111,7 @@ func (d *Daemon) allowRuns(s *session, cfg *acl.Config, set cctx.Set) {
 			d.log.Info("run: its binaries not updated; it is ended", "session", s.id, "err", err)
 			a.r.Kill()
 		}
+		recheckEgress(a)
 	}
 }
 
@@ -193,9 +194,12 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if err := commandAllowed(p.Argv[0], allowed); err != nil {
 		return nil, err
 	}
+	if sb.Network() == acl.NetworkPolicy {
+		env = proxyEnv(env)
+	}
 	spec := runSpec(s, sb, p.Argv, env, cwd, allowed)
 	cmd := sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd, TTY: p.TTY, Rows: p.Rows, Cols: p.Cols}
-	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files)
+	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files, p.Roles)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -302,6 +306,9 @@ func runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowe
 		Network: string(sb.Network()), TmpSize: sb.TmpSize(), Memory: sb.Memory(), Pids: sb.Pids(),
 		UserNS: os.Geteuid() != 0,
 	}
+	if sb.Network() == acl.NetworkPolicy {
+		spec.Link = egressLink()
+	}
 	if spec.UserNS {
 		// A daemon that is not root serves its own uid only, and runs as
 		// it: its ids map to themselves, groups stay as they are.
@@ -314,7 +321,7 @@ func runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowe
 
 // beginRun starts cmd in the session's kept sandbox, or a new one, with
 // files as its stdio and the binaries its context allows as it begins.
-func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File) (*activeRun, *control.Error) {
+func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File, roles []string) (*activeRun, *control.Error) {
 	r := d.warm.take(&s.runs, warmKey(spec, sandbox.Probe().Programs.Indexed))
 	if r != nil {
 		d.warm.warmStarts.Add(1)
@@ -325,13 +332,21 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 			return nil, runError("cannot build the sandbox: %v", err)
 		}
 	}
+	gw, err := d.gateway(s, r)
+	if err != nil {
+		r.Kill()
+		r.Gone()
+		return nil, runError("cannot start the egress gateway: %v", err)
+	}
+	if gw != nil {
+		gw.SetDecider(d.connectDecider(s, roles))
+	}
 	a := &activeRun{r: r, binaries: binaries, inRow: d.warm.inRow(&s.runs)}
 	// Every change of a run's allowlist is made under its session's
 	// switch lock (context.set, reload), so the last one made is the
 	// newest context's: the command begins with what is in force now.
 	s.switchMu.Lock()
 	added := s.runs.add(a)
-	var err error
 	if added {
 		cmd.Allowed = allowedBinaries(d.conditions.Load(), s.view.Context(), binaries)
 		err = r.Begin(cmd, files[0], files[1], files[2])

@@ -283,45 +283,14 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	h.write("config/policy.yaml", runPolicy)
 	h.write("memories/private/p.md", "dm secret\n")
 	h.write("memories/pub.md", "public\n")
-	os.MkdirAll(h.path("run"), 0o755)
-	os.MkdirAll(h.path("mnt/v"), 0o755)
-	chownTree(t, h.root, nobody)
-	sock := h.path("run/condfs.sock")
-	serve := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-		condfsBin, "serve", "--root", h.root, "--socket", sock, "--mount", h.path("mnt/v"),
-		"--context", "discord:dm", "--context", "discord:dm:7", "--log-level", "debug")
-	serve.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.root}
-	logs := syncBuilder{b: &strings.Builder{}, mu: make(chan struct{}, 1)}
-	serve.Stdout, serve.Stderr = logs, logs
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { serve.Wait(); close(exited) }()
-	defer func() {
-		serve.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			serve.Process.Kill()
-		}
-	}()
-	for i := 0; ; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if i > 500 {
-			t.Fatalf("no socket:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	sock, logs := startUnprivDaemon(t, h)
 	run := func(args ...string) (string, int) {
 		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--"}, args...)...)
 		out, _ := cmd.CombinedOutput()
 		return string(out), cmd.ProcessState.ExitCode()
 	}
 	if out, code := run("cat", "/memories/private/p.md"); code != 0 || out != "dm secret\n" {
-		t.Fatalf("DM: exit %d %q\n%s", code, out, logs.String())
+		t.Fatalf("DM: exit %d %q\n%s", code, out, logs())
 	}
 	if out, code := run("id", "-u"); code != 0 || strings.TrimSpace(out) != "65534" {
 		t.Fatalf("id: exit %d %q", code, out)
@@ -355,6 +324,45 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	if out, code := run("cat", "/memories/pub.md"); code != 126 {
 		t.Fatalf("guild cat: exit %d %q, want 126", code, out)
 	}
+}
+
+// startUnprivDaemon starts condfs serve on h as uid 65534 with its default
+// session in a DM, and returns its socket and its log.
+func startUnprivDaemon(t *testing.T, h *home) (string, func() string) {
+	t.Helper()
+	os.MkdirAll(h.path("run"), 0o755)
+	os.MkdirAll(h.path("mnt/v"), 0o755)
+	chownTree(t, h.root, nobody)
+	sock := h.path("run/condfs.sock")
+	serve := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		condfsBin, "serve", "--root", h.root, "--socket", sock, "--mount", h.path("mnt/v"),
+		"--context", "discord:dm", "--context", "discord:dm:7", "--log-level", "debug")
+	serve.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.root}
+	logs := syncBuilder{b: &strings.Builder{}, mu: make(chan struct{}, 1)}
+	serve.Stdout, serve.Stderr = logs, logs
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { serve.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		serve.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			serve.Process.Kill()
+		}
+	})
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("no socket:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return sock, logs.String
 }
 
 // TestAttackRunStdio: what a client passes as a run's stdio is a stream of

@@ -28,6 +28,7 @@ import (
 type Metrics struct {
 	decisions  *counterVec
 	denials    *counterVec
+	egress     *counterVec
 	switches   *histogramVec
 	reloads    *counterVec
 	fuseOps    *histogramVec
@@ -47,6 +48,8 @@ type configGauge struct {
 // Fixed label sets: anything else is counted as "other".
 var (
 	decisionValues = set("allow", "deny", "approval_required")
+	egressValues   = set("allow", "deny", "approval_required", "refused", "cut")
+	protoValues    = set("http", "https", "tcp")
 	spaceValues    = set("memories", "workspace", "exec")
 	pathOps        = set("lookup", "mutate", "create", "exchange", "io", "open of a special file")
 	fileValues     = set("conditions", "policy")
@@ -78,6 +81,9 @@ func New(sessions func() int, panics func() map[string]int64) *Metrics {
 			"Tool calls decided, by decision and by the policy role that decided (\"none\" for a deny, \"unknown\" for a role the policy does not name).",
 			"decision", "role"),
 		denials: newCounterVec("condfs_path_denials_total", "Path requests the rules denied, by space and operation.", "space", "op"),
+		egress: newCounterVec("condfs_egress_decisions_total",
+			"Connections and HTTP requests of runs decided by the egress gateway, by protocol and outcome (refused: allowed, but not reachable as allowed; cut: ended by a later decision).",
+			"protocol", "outcome"),
 		switches: newHistogramVec("condfs_context_switch_seconds", "context.set latency: until the view enforces the new context.",
 			exponentialBuckets(50e-6, 2, 14)),
 		reloads: newCounterVec("condfs_config_reloads_total",
@@ -112,6 +118,14 @@ func (m *Metrics) Decision(decision, role string) {
 		return
 	}
 	m.decisions.inc(bounded(decision, decisionValues), role)
+}
+
+// Egress counts one decision of a run's egress gateway.
+func (m *Metrics) Egress(protocol, outcome string) {
+	if m == nil {
+		return
+	}
+	m.egress.inc(bounded(protocol, protoValues), bounded(outcome, egressValues))
 }
 
 // PathDenial counts a denial of a path request.
@@ -167,6 +181,7 @@ func (m *Metrics) SocketError(code int) {
 func (m *Metrics) WriteTo(w *strings.Builder) {
 	m.decisions.write(w)
 	m.denials.write(w)
+	m.egress.write(w)
 	m.switches.write(w)
 	m.reloads.write(w)
 	m.fuseOps.write(w)

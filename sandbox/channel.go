@@ -57,7 +57,8 @@ const (
 // maxMessage bounds one line: a Spec with its binaries fits many times over.
 const maxMessage = 4 << 20
 
-// maxPassed bounds the descriptors one message may carry (the run's stdio).
+// maxPassed bounds the descriptors one message may carry (the run's stdio;
+// the egress gateway's socket).
 const maxPassed = 3
 
 type channel struct {

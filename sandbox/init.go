@@ -79,6 +79,12 @@ func initMain() int {
 	if err != nil {
 		return fail(err)
 	}
+	link := -1 // the gateway's socket, handed over with the first ready
+	if is.Spec.Network == "policy" {
+		if link, err = linkUp(is.Spec.Link); err != nil {
+			return fail(step("egress link", err))
+		}
+	}
 	if err := closeOnExecAll(); err != nil {
 		return fail(step("descriptors", err))
 	}
@@ -100,8 +106,16 @@ func initMain() int {
 		if err != nil {
 			return fail(err)
 		}
-		if err := ch.send(message{Op: opReady}); err != nil {
+		var fds []int
+		if link >= 0 {
+			fds = []int{link}
+		}
+		if err := ch.sendFiles(message{Op: opReady}, fds); err != nil {
 			return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
+		}
+		if link >= 0 {
+			unix.Close(link)
+			link = -1
 		}
 		if first {
 			go d.loop()

@@ -153,8 +153,14 @@ func readHost(is *initSpec) (*hostLayout, error) {
 		}
 	}
 	files := []string{"hosts", "nsswitch.conf", "ld.so.cache"}
-	if is.Spec.Network == "host" {
+	switch is.Spec.Network {
+	case "host":
 		files = append(files, "resolv.conf")
+	case "policy":
+		// The gateway is the only resolver, and no name is known ahead.
+		files = files[1:]
+		h.etc["resolv.conf"] = []byte("nameserver " + is.Spec.Link.Peer + "\n")
+		h.etc["hosts"] = []byte("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
 	}
 	for _, f := range files {
 		if b, err := readSmall("/etc/" + f); err == nil {

@@ -24,7 +24,8 @@ type Spec struct {
 	Binaries []string // [sandbox] binaries: host files, or directories ending in "/"
 	Allowed  []string // those of Binaries allowed at start in the session's context
 
-	Network string // "none" (own network namespace, lo up) or "host"
+	Network string // "none" (own network namespace, lo up), "host" or "policy" (Link)
+	Link    *Link  // Network "policy": the pair to the egress gateway
 
 	TmpSize int64 // bytes of /tmp and /dev/shm together; 0 = default
 	Memory  int64 // bytes; 0 = no limit
@@ -95,8 +96,12 @@ func (s *Spec) validate() error {
 	case "":
 		s.Network = "none"
 	case "none", "host":
+	case "policy":
+		if err := s.Link.validate(); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("network %q: want none or host", s.Network)
+		return fmt.Errorf("network %q: want none, host or policy", s.Network)
 	}
 	if s.TmpSize < 0 || s.Memory < 0 || s.Pids < 0 {
 		return errors.New("negative limit")

@@ -38,6 +38,9 @@ type Run struct {
 	// indexed is when the index of the host's programs it covers was
 	// taken (programs.go).
 	indexed time.Time
+	link    *os.File  // Network "policy": the gateway's socket, until taken
+	net     io.Closer // what serves it (SetNet): closed with the run
+	netGone bool      // the run has ended: SetNet closes at once
 
 	mu      sync.Mutex // guards the fields below
 	nextID  uint64
@@ -168,6 +171,17 @@ func Prepare(spec Spec) (*Run, error) {
 		case rp.m.Op != opReady:
 			return fail(fmt.Errorf("init: unexpected %q", rp.m.Op))
 		}
+		fds := r.ch.takeFiles()
+		if spec.Network == "policy" && len(fds) == 1 {
+			r.link = os.NewFile(uintptr(fds[0]), "egress-link")
+		} else {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			if spec.Network == "policy" {
+				return fail(errors.New("init: no egress link"))
+			}
+		}
 	case <-time.After(startTimeout):
 		return fail(errors.New("init: no answer"))
 	}
@@ -268,6 +282,9 @@ func sysProcAttr(spec *Spec) *syscall.SysProcAttr {
 		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: int(spec.GID), HostID: os.Getegid(), Size: 1}}
 		a.GidMappingsEnableSetgroups = false
 		a.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP}
+		if spec.Network == "policy" {
+			a.AmbientCaps = append(a.AmbientCaps, unix.CAP_NET_RAW) // the gateway's packet socket
+		}
 	}
 	return a
 }
@@ -323,6 +340,16 @@ func (r *Run) waitLoop() {
 	}
 	r.conn.Close()
 	r.cg.remove()
+	r.mu.Lock()
+	link, nc := r.link, r.net
+	r.link, r.net, r.netGone = nil, nil, true
+	r.mu.Unlock()
+	if link != nil {
+		link.Close()
+	}
+	if nc != nil {
+		nc.Close()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
@@ -471,6 +498,37 @@ func (r *Run) Ended() bool {
 	default:
 		return false
 	}
+}
+
+// TakeLink hands over the socket of the run's egress link (Network
+// "policy"; nil otherwise, or when taken): the gateway serves it.
+func (r *Run) TakeLink() *os.File {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.link
+	r.link = nil
+	return l
+}
+
+// SetNet ties c, what serves the run's link, to the run: closed once its
+// init is reaped (at once when it is already).
+func (r *Run) SetNet(c io.Closer) {
+	r.mu.Lock()
+	gone := r.netGone
+	if !gone {
+		r.net = c
+	}
+	r.mu.Unlock()
+	if gone {
+		c.Close()
+	}
+}
+
+// Net is what SetNet tied to the run, or nil.
+func (r *Run) Net() io.Closer {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.net
 }
 
 // Pid is the init's process id in the daemon's PID namespace.

@@ -1,0 +1,129 @@
+package daemon
+
+// The egress gateway of runs whose [sandbox] network is "policy": every
+// connection and plain-HTTP request is the policy's tool `connect`, decided
+// in the session's context as it is at that moment, audited, counted, and
+// decided again on every context switch and reload (allowRuns).
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/condfs/condfs/constraints"
+	"github.com/condfs/condfs/egress"
+	"github.com/condfs/condfs/sandbox"
+)
+
+// egressLink is the run's end of its gateway, as the sandbox builds it.
+func egressLink() *sandbox.Link {
+	return &sandbox.Link{Addr: egress.RunAddr.String(), Peer: egress.GatewayAddr.String(),
+		PeerMAC: egress.GatewayMAC.String(), MTU: egress.MTU}
+}
+
+// proxyEnv puts the gateway's proxy variables in env, in place of any the
+// caller set (the capture catches programs that ignore them anyway).
+func proxyEnv(env []string) []string {
+	ours := egress.ProxyEnv()
+	out := make([]string, 0, len(env)+len(ours))
+	for _, e := range env {
+		k, _, _ := strings.Cut(e, "=")
+		if !slices.ContainsFunc(ours, func(o string) bool { return strings.HasPrefix(o, k+"=") }) {
+			out = append(out, e)
+		}
+	}
+	return append(out, ours...)
+}
+
+// gateway is r's egress gateway, started on its link when r has none yet
+// (a kept sandbox keeps its own); nil for a run without one.
+func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
+	if gw, ok := r.Net().(*egress.Gateway); ok {
+		return gw, nil
+	}
+	link := r.TakeLink()
+	if link == nil {
+		return nil, nil
+	}
+	gw, err := egress.New(egress.Config{
+		Link: link,
+		// [sandbox] hosts as it is at each lookup (reloads apply).
+		Resolve: func(ctx context.Context, host string) ([]netip.Addr, error) {
+			hosts := ""
+			if sb := d.conditions.Load().Sandbox(); sb != nil {
+				hosts = sb.Hosts()
+			}
+			return egress.HostsResolver(hosts)(ctx, host)
+		},
+		Reach: func(a netip.Addr) bool {
+			sb := d.conditions.Load().Sandbox()
+			return sb != nil && sb.MayReachPrivate(a)
+		},
+		Connections: d.conditions.Load().Sandbox().Connections(),
+		Audit:       func(e egress.Event) { d.auditConnect(s, e) },
+		Log:         d.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.SetNet(gw)
+	return gw, nil
+}
+
+// connectDecider decides s's run's connections with roles, in s's context
+// at the moment of each decision.
+func (d *Daemon) connectDecider(s *session, roles []string) egress.Decider {
+	return func(r egress.Request) egress.Verdict {
+		args, err := json.Marshal(r.Args())
+		if err != nil {
+			return egress.Verdict{Decision: "deny", Reasons: []string{"the connection's arguments cannot be encoded"}}
+		}
+		params, _ := json.Marshal(map[string]any{"roles": roles, "tool": "connect", "args": json.RawMessage(args)})
+		req := constraints.DecodeRequest(params)
+		set := s.view.Context()
+		req.Atoms = &set
+		dec := d.policy.Load().Decide(&req)
+		return egress.Verdict{Decision: dec.Decision.String(), Reasons: dec.Reasons}
+	}
+}
+
+// auditConnect writes one decision of s's gateway and counts it.
+func (d *Daemon) auditConnect(s *session, e egress.Event) {
+	outcome := e.Decision
+	switch {
+	case strings.HasPrefix(e.Refused, "cut:"):
+		outcome = "cut"
+	case e.Refused != "":
+		outcome = "refused"
+	}
+	d.metrics.Egress(e.Protocol, outcome)
+	attrs := []any{"kind", "connect", "session", s.id, "atoms", s.view.Context().Atoms(),
+		"host", e.Host, "port", e.Port, "protocol", e.Protocol}
+	if e.Protocol == "http" {
+		attrs = append(attrs, "method", e.Method, "path", e.Path)
+	}
+	if e.Addr.IsValid() {
+		attrs = append(attrs, "addr", e.Addr.String())
+	}
+	attrs = append(attrs, "decision", e.Decision, "reasons", nonNil(e.Reasons))
+	if e.Refused != "" {
+		attrs = append(attrs, "refused", e.Refused)
+	}
+	d.audit.Info("connect", attrs...)
+}
+
+func nonNil(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
+}
+
+// recheckEgress decides every open connection of a's gateway again.
+func recheckEgress(a *activeRun) {
+	if gw, ok := a.r.Net().(*egress.Gateway); ok {
+		gw.Recheck()
+	}
+}

@@ -1,0 +1,251 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/net/dns/dnsmessage"
+)
+
+func TestNormalPath(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"/a/b", "/a/b"},
+		{"/a/./b/../c", "/a/c"},
+		{"/a/%2e%2E/b", "/b"},
+		{"/%7euser/%41", "/~user/A"},
+		{"/a%2fb", "/a%2Fb"},
+		{"/a/..", "/"},
+		{"/../../x", "/x"},
+		{"/p?q=%2e&x", "/p?q=%2e&x"},
+		{"/p?", "/p?"},
+		{"http://h.test", "/"},
+		{"http://h.test?x=1", "/?x=1"},
+		{"http://h.test:8080/a/../b", "/b"},
+	} {
+		req := &http.Request{Method: "GET", RequestURI: c.in}
+		got, err := normalPath(req)
+		if err != nil || got != c.want {
+			t.Errorf("%q: got %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"a/b", "/a%zz", "/a%4", "/a b", "/a\x00", "//evil/x", "/a/../..//evil", "/x#frag", "/é"} {
+		if got, err := normalPath(&http.Request{Method: "GET", RequestURI: bad}); err == nil {
+			t.Errorf("%q: got %q, want an error", bad, got)
+		}
+	}
+	if got, err := normalPath(&http.Request{Method: "OPTIONS", RequestURI: "*"}); err != nil || got != "*" {
+		t.Errorf("OPTIONS *: %q %v", got, err)
+	}
+}
+
+func TestCanonicalHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"Example.COM.": "example.com", "a_b.test": "a_b.test", "1.2.3.4": "1.2.3.4", "[::1]": "::1",
+		"::ffff:10.0.0.1": "10.0.0.1", "": "", "a..b": "", "-": "-", "010.1": "", "1.2.3": "",
+		"fe80::1%eth0": "", "a b": "", strings.Repeat("a", 64) + ".test": "", "[x]": "",
+	} {
+		if got := canonicalHost(in); got != want {
+			t.Errorf("%q: got %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestSniff(t *testing.T) {
+	for in, want := range map[string]string{
+		"GET / HTTP/1.1\r\n": "http", "\r\nGET / HTTP/1.1\r\n": "http", "\x16\x03\x01": "https",
+		"SSH-2.0-x\r\n": "tcp", " GET": "tcp", "\x00\x01": "tcp", "": "tcp", "M-SEARCH * HTTP/1.1": "http",
+	} {
+		a, b := net.Pipe()
+		go func() {
+			if in != "" {
+				b.Write([]byte(in))
+			}
+		}()
+		if got := sniff(a, bufio.NewReader(a)); got != want {
+			t.Errorf("%q: got %s, want %s", in, got, want)
+		}
+		a.Close()
+		b.Close()
+	}
+}
+
+func TestClientHello(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	go func() {
+		c := tlsClient(b, "api.test")
+		c.Handshake()
+		b.Close()
+	}()
+	br := bufio.NewReader(a)
+	if sniff(a, br) != "https" {
+		t.Fatal("not https")
+	}
+	sni, head, err := clientHello(a, br)
+	if err != nil || sni != "api.test" || len(head) == 0 || head[0] != 0x16 {
+		t.Fatalf("sni %q, %d bytes, %v", sni, len(head), err)
+	}
+}
+
+func TestAnswer(t *testing.T) {
+	g := &Gateway{names: newNames()}
+	ask := func(name string, typ dnsmessage.Type) dnsmessage.Message {
+		t.Helper()
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 9, RecursionDesired: true})
+		b.StartQuestions()
+		b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name), Type: typ, Class: dnsmessage.ClassINET})
+		q, _ := b.Finish()
+		var m dnsmessage.Message
+		if err := m.Unpack(g.answer(q)); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return m
+	}
+	m := ask("Web.Test.", dnsmessage.TypeA)
+	if m.ID != 9 || len(m.Answers) != 1 {
+		t.Fatalf("A: %+v", m)
+	}
+	a := netip.AddrFrom4(m.Answers[0].Body.(*dnsmessage.AResource).A)
+	if !nameRange.Contains(a) {
+		t.Fatalf("A %s outside the name range", a)
+	}
+	if n, ok := g.names.name(a); !ok || n != "web.test" {
+		t.Fatalf("%s stands for %q", a, n)
+	}
+	if m2 := ask("web.test.", dnsmessage.TypeA); netip.AddrFrom4(m2.Answers[0].Body.(*dnsmessage.AResource).A) != a {
+		t.Fatal("a second query got another address")
+	}
+	if m := ask("web.test.", dnsmessage.TypeTXT); len(m.Answers) != 0 || m.RCode != dnsmessage.RCodeSuccess {
+		t.Fatalf("TXT: %+v", m)
+	}
+	if m := ask("web.test.", dnsmessage.TypeAAAA); len(m.Answers) != 0 {
+		t.Fatalf("AAAA: %+v", m)
+	}
+	if m := ask("bad!name.test.", dnsmessage.TypeA); m.RCode != dnsmessage.RCodeNameError {
+		t.Fatalf("bad name: %+v", m)
+	}
+	if m := ask("localhost.", dnsmessage.TypeA); netip.AddrFrom4(m.Answers[0].Body.(*dnsmessage.AResource).A).String() != "127.0.0.1" {
+		t.Fatalf("localhost: %+v", m)
+	}
+	if g.answer([]byte("junk")) != nil {
+		t.Fatal("junk answered")
+	}
+}
+
+func TestNamesForgetOldest(t *testing.T) {
+	n := newNames()
+	first := n.addr("n0.test")
+	for i := 1; i <= maxNames; i++ {
+		n.addr("n" + strings.Repeat("x", i%50) + string(rune('a'+i%26)) + ".test" + string(rune('a'+i/26%26)) + string(rune('a'+i/676)))
+	}
+	if _, ok := n.name(first); ok && len(n.byName) > maxNames {
+		t.Fatal("over maxNames")
+	}
+	if len(n.byName) > maxNames || len(n.byAddr) > maxNames {
+		t.Fatalf("%d names, %d addresses", len(n.byName), len(n.byAddr))
+	}
+	if got, _ := n.name(first); got == "n0.test" {
+		t.Fatal("the oldest name was kept")
+	}
+}
+
+func TestPrivate(t *testing.T) {
+	g := &Gateway{}
+	for _, s := range []string{"127.0.0.1", "10.1.2.3", "169.254.169.254", "172.16.0.1", "192.168.1.1", "100.64.0.1",
+		"0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1", "64:ff9b::a9fe:a9fe", "198.18.0.1"} {
+		if g.private(netip.MustParseAddr(s)) == "" {
+			t.Errorf("%s not refused", s)
+		}
+	}
+	for _, s := range []string{"93.184.216.34", "2606:2800:220:1::1"} {
+		if r := g.private(netip.MustParseAddr(s)); r != "" && !strings.Contains(r, "this host") {
+			t.Errorf("%s refused: %s", s, r)
+		}
+	}
+}
+
+func TestCheckRequest(t *testing.T) {
+	parse := func(raw string) (*http.Request, []string) {
+		t.Helper()
+		br := bufio.NewReader(strings.NewReader(raw))
+		hosts, err := requestHead(br)
+		if err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return nil, nil // refused as the gateway refuses it: 400
+		}
+		return req, hosts
+	}
+	fixed := &target{"web.test", 80}
+	for _, c := range []struct {
+		raw   string
+		fixed *target
+		code  int
+		path  string
+	}{
+		{"GET /a/../b HTTP/1.1\r\nHost: web.test\r\n\r\n", fixed, 0, "/b"},
+		{"GET /a HTTP/1.1\r\nHost: WEB.test:80\r\n\r\n", fixed, 0, "/a"},
+		{"GET /a HTTP/1.1\r\nHost: other.test\r\n\r\n", fixed, 400, ""},
+		{"GET /a HTTP/1.1\r\nHost: web.test:81\r\n\r\n", fixed, 400, ""},
+		{"GET /a HTTP/1.1\r\nHost: web.test\r\nHost: web.test\r\n\r\n", fixed, 400, ""},
+		{"GET /a HTTP/1.0\r\n\r\n", fixed, 400, ""},
+		{"GET http://other.test/a HTTP/1.1\r\nHost: web.test\r\n\r\n", fixed, 400, ""},
+		{"GET /a HTTP/1.1\r\nHost: web.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", fixed, 501, ""},
+		{"GET http://web.test/a?b HTTP/1.1\r\nHost: web.test\r\n\r\n", nil, 0, "/a?b"},
+		{"GET /a HTTP/1.1\r\nHost: web.test\r\n\r\n", nil, 400, ""},
+		{"GET https://web.test/a HTTP/1.1\r\nHost: web.test\r\n\r\n", nil, 400, ""},
+		{"GET http://web.test/a HTTP/1.1\r\nHost: other.test\r\n\r\n", nil, 400, ""},
+	} {
+		req, hosts := parse(c.raw)
+		var r Request
+		code, msg := 400, "unreadable"
+		if req != nil {
+			_, r, code, msg = checkRequest(req, hosts, c.fixed)
+		}
+		if code != c.code || code == 0 && r.Path != c.path {
+			t.Errorf("%q: code %d (%s), path %q; want %d %q", c.raw, code, msg, r.Path, c.code, c.path)
+		}
+	}
+	if _, err := requestHead(bufio.NewReader(strings.NewReader("GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n"))); err == nil {
+		t.Error("a folded header was taken")
+	}
+	big := "GET / HTTP/1.1\r\nX: " + strings.Repeat("a", 5000) + "\r\n\r\n"
+	if _, err := requestHead(bufio.NewReaderSize(strings.NewReader(big), 4096)); err == nil {
+		t.Error("a head over the buffer was taken")
+	}
+}
+
+func TestHostsResolver(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "hosts")
+	os.WriteFile(p, []byte("# c\n10.0.0.1 a.test B.test\n::1 a.test # x\nbad line\n"), 0o644)
+	got, err := HostsResolver(p)(context.Background(), "b.test")
+	if err != nil || len(got) != 1 || got[0].String() != "10.0.0.1" {
+		t.Fatalf("b.test: %v %v", got, err)
+	}
+	if got, _ := HostsResolver(p)(context.Background(), "a.test"); len(got) != 2 {
+		t.Fatalf("a.test: %v", got)
+	}
+	if _, err := HostsResolver(p+".missing")(context.Background(), "a.test"); err == nil {
+		t.Fatal("a missing hosts file fell through to DNS")
+	}
+}
+
+func TestVerdictFailsClosed(t *testing.T) {
+	g := &Gateway{flows: map[*flow]struct{}{}}
+	if v := g.verdict(Request{Host: "a.test"}); v.Allowed() {
+		t.Fatal("no decider allowed")
+	}
+	g.SetDecider(func(Request) Verdict { panic("boom") })
+	if v := g.verdict(Request{Host: "a.test"}); v.Allowed() || !strings.Contains(v.Reasons[0], "boom") {
+		t.Fatalf("a panicking decider: %+v", v)
+	}
+}

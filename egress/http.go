@@ -1,0 +1,296 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// target is where a request goes: a host as decided and its port.
+type target struct {
+	host string
+	port int
+}
+
+func (t target) hostPort(defaultPort int) string {
+	h := t.host
+	if strings.Contains(h, ":") {
+		h = "[" + h + "]"
+	}
+	if t.port == defaultPort {
+		return h
+	}
+	return h + ":" + strconv.Itoa(t.port)
+}
+
+// upstreamConn is the connection requests of one target share.
+type upstreamConn struct {
+	t  target
+	c  net.Conn
+	br *bufio.Reader
+}
+
+// serveHTTP serves plain-HTTP requests, each decided on its own: to fixed
+// (a captured connection, whose Host must name it), or, when fixed is nil,
+// to the host of each absolute-form request (the proxy). It returns when
+// the connection should end.
+func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) {
+	var up *upstreamConn
+	defer func() {
+		if up != nil {
+			up.c.Close()
+		}
+	}()
+	for first := true; ; first = false {
+		wait := headWait
+		if !first {
+			wait = idleWait
+		}
+		_ = f.client.SetReadDeadline(time.Now().Add(wait))
+		hosts, err := requestHead(br)
+		if err != nil {
+			if !first && isEOF(err) {
+				return
+			}
+			f.status(http.StatusBadRequest, "the request cannot be read: "+err.Error())
+			return
+		}
+		req, err := http.ReadRequest(br)
+		_ = f.client.SetReadDeadline(time.Time{})
+		if err != nil {
+			f.status(http.StatusBadRequest, "the request cannot be read: "+err.Error())
+			return
+		}
+		t, r, code, msg := checkRequest(req, hosts, fixed)
+		if code != 0 {
+			f.status(code, msg)
+			return
+		}
+		v := f.g.decideFor(f, r)
+		if !v.Allowed() {
+			f.g.audit(Event{Request: r, Verdict: v})
+			f.status(http.StatusForbidden, refusal(r, v, ""))
+			return
+		}
+		if up == nil || up.t != t {
+			if up != nil {
+				up.c.Close()
+				up = nil
+			}
+			c, addr, why := f.g.dial(t.host, t.port)
+			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why})
+			if c == nil {
+				f.status(http.StatusForbidden, refusal(r, v, why))
+				return
+			}
+			if !f.setUpstream(c) {
+				return
+			}
+			up = &upstreamConn{t: t, c: c, br: bufio.NewReaderSize(c, 32<<10)}
+		} else {
+			f.g.audit(Event{Request: r, Verdict: v})
+		}
+		if !f.forward(req, r, t, up) {
+			return
+		}
+	}
+}
+
+// forward sends req upstream with exactly r's path and relays the answer;
+// it reports whether the connection may serve another request.
+func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn) bool {
+	p, q, _ := strings.Cut(r.Path, "?")
+	req.URL = &url.URL{Opaque: p, RawQuery: q, ForceQuery: strings.Contains(r.Path, "?") && q == ""}
+	req.Host = t.hostPort(80)
+	req.RequestURI = ""
+	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization"} {
+		req.Header.Del(h)
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // nothing added
+	}
+	if err := req.Write(up.c); err != nil {
+		f.status(http.StatusBadGateway, "the request could not be sent: "+err.Error())
+		return false
+	}
+	for {
+		resp, err := http.ReadResponse(up.br, req)
+		if err != nil {
+			f.status(http.StatusBadGateway, "the answer could not be read: "+err.Error())
+			return false
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			resp.Body.Close()
+			f.status(http.StatusBadGateway, "the server switched protocols, which is not forwarded")
+			return false
+		}
+		werr := resp.Write(f.client)
+		resp.Body.Close()
+		if werr != nil {
+			return false
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
+			continue // an interim answer: the final one follows
+		}
+		return !req.Close && !resp.Close
+	}
+}
+
+// checkRequest finds req's target and its decision's arguments, or the
+// status that refuses it: its Host header must name its target (exactly
+// one, as HTTP/1.1 requires), and upgrades and CONNECT are not forwarded.
+func checkRequest(req *http.Request, hosts []string, fixed *target) (target, Request, int, string) {
+	bad := func(code int, format string, a ...any) (target, Request, int, string) {
+		return target{}, Request{}, code, fmt.Sprintf(format, a...)
+	}
+	if len(hosts) != 1 {
+		return bad(http.StatusBadRequest, "a request must carry exactly one Host header (it has %d)", len(hosts))
+	}
+	hh, err := parseHostPort(hosts[0], 80)
+	if err != nil {
+		return bad(http.StatusBadRequest, "Host %q: %v", hosts[0], err)
+	}
+	var t target
+	switch {
+	case fixed != nil:
+		if req.URL.Host != "" || req.URL.Scheme != "" {
+			if ut, err := parseHostPort(req.URL.Host, 80); err != nil || ut != *fixed || req.URL.Scheme != "http" {
+				return bad(http.StatusBadRequest, "the request's target %q is not this connection's host", req.URL.Host)
+			}
+		}
+		t = *fixed
+	default:
+		if req.Method == http.MethodConnect {
+			return bad(http.StatusBadRequest, "CONNECT is not forwarded inside a connection")
+		}
+		if req.URL.Scheme != "http" || req.URL.Host == "" {
+			return bad(http.StatusBadRequest, "the proxy takes absolute http:// targets (and CONNECT); got %q", req.RequestURI)
+		}
+		if t, err = parseHostPort(req.URL.Host, 80); err != nil {
+			return bad(http.StatusBadRequest, "target %q: %v", req.URL.Host, err)
+		}
+	}
+	if hh != t {
+		return bad(http.StatusBadRequest, "the Host header names %s, not the request's target %s", hosts[0], t.hostPort(80))
+	}
+	if req.Method == http.MethodConnect {
+		return bad(http.StatusMethodNotAllowed, "CONNECT is not forwarded inside a connection")
+	}
+	if req.Header.Get("Upgrade") != "" {
+		return bad(http.StatusNotImplemented, "protocol upgrades are not forwarded")
+	}
+	path, err := normalPath(req)
+	if err != nil {
+		return bad(http.StatusBadRequest, "the request's path: %v", err)
+	}
+	return t, Request{Host: t.host, Port: t.port, Protocol: "http", Method: req.Method, Path: path}, 0, ""
+}
+
+// parseHostPort reads host[:port] as decided (canonicalHost).
+func parseHostPort(s string, defaultPort int) (target, error) {
+	host, port := s, defaultPort
+	if h, p, err := net.SplitHostPort(s); err == nil {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != p {
+			return target{}, errors.New("not a port")
+		}
+		host, port = h, n
+	}
+	h := canonicalHost(host)
+	if h == "" {
+		return target{}, errors.New("not a host name or address")
+	}
+	return target{h, port}, nil
+}
+
+// requestHead checks the head of the request br holds, without taking it:
+// no obsolete line folding (a header a server could read otherwise), under
+// br's size; it returns the Host header values.
+func requestHead(br *bufio.Reader) ([]string, error) {
+	for {
+		buf, _ := br.Peek(br.Buffered())
+		if end := headEnd(buf); end >= 0 {
+			return headHosts(buf[:end])
+		}
+		if br.Buffered() == br.Size() {
+			return nil, fmt.Errorf("the request head is over %d bytes", br.Size())
+		}
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// headEnd is where the head in buf ends (its blank line), or -1.
+func headEnd(buf []byte) int {
+	for i := 0; i < len(buf); {
+		j := bytes.IndexByte(buf[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		line := bytes.TrimSuffix(buf[i:i+j], []byte("\r"))
+		if len(line) == 0 && i > 0 {
+			return i
+		}
+		i += j + 1
+	}
+	return -1
+}
+
+func headHosts(head []byte) ([]string, error) {
+	var hosts []string
+	lines := strings.Split(string(head), "\n")
+	for _, l := range lines[1:] {
+		l = strings.TrimSuffix(l, "\r")
+		if l == "" {
+			continue
+		}
+		if l[0] == ' ' || l[0] == '\t' {
+			return nil, errors.New("a folded header line")
+		}
+		name, value, ok := strings.Cut(l, ":")
+		if !ok || name != strings.TrimSpace(name) {
+			return nil, fmt.Errorf("header line %q", l)
+		}
+		if strings.EqualFold(name, "Host") {
+			hosts = append(hosts, strings.TrimSpace(value))
+		}
+	}
+	return hosts, nil
+}
+
+// status answers the run's request with code and msg, and ends it.
+func (f *flow) status(code int, msg string) {
+	body := msg + "\n"
+	_ = f.client.SetWriteDeadline(time.Now().Add(headWait))
+	fmt.Fprintf(f.client, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+}
+
+// refusal is the body of a 403: what was decided and why.
+func refusal(r Request, v Verdict, why string) string {
+	s := "condfs: " + r.Protocol + " " + r.Host + ":" + strconv.Itoa(r.Port)
+	if r.Method != "" {
+		s += " " + r.Method + " " + r.Path
+	}
+	if why != "" {
+		return s + ": refused: " + why
+	}
+	s += ": " + v.Decision
+	if len(v.Reasons) > 0 {
+		s += ": " + strings.Join(v.Reasons, "; ")
+	}
+	return s
+}
+
+func isEOF(err error) bool {
+	var ne net.Error
+	return err != nil && (err.Error() == "EOF" || errors.As(err, &ne) && ne.Timeout())
+}

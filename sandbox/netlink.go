@@ -1,0 +1,95 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Link is the run's end of its egress gateway (Network "policy"): one veth
+// pair in the run's network namespace, the run's end with Addr and a
+// default route via Peer, the other end with PeerMAC and no address. The
+// init hands the daemon an AF_PACKET socket bound to that other end; the
+// gateway answers there for Peer and for every address the run dials.
+type Link struct {
+	Addr, Peer string // IPv4 addresses
+	PeerMAC    string
+	MTU        int
+}
+
+// The pair's names inside the run.
+const (
+	linkName     = "eth0"
+	linkPeerName = "gateway0"
+)
+
+func (l *Link) validate() error {
+	if l == nil {
+		return errors.New(`network "policy" needs a link`)
+	}
+	a, err1 := netip.ParseAddr(l.Addr)
+	p, err2 := netip.ParseAddr(l.Peer)
+	_, err3 := net.ParseMAC(l.PeerMAC)
+	if err1 != nil || err2 != nil || err3 != nil || !a.Is4() || !p.Is4() || l.MTU < 1280 || l.MTU > 65535 {
+		return fmt.Errorf("link %+v: want two IPv4 addresses, a MAC and an MTU", *l)
+	}
+	return nil
+}
+
+// linkUp builds l in the init's network namespace and returns the socket
+// the gateway serves; the init passes it to the daemon and closes it.
+func linkUp(l *Link) (int, error) {
+	mac, _ := net.ParseMAC(l.PeerMAC)
+	la := netlink.NewLinkAttrs()
+	la.Name, la.MTU = linkName, l.MTU
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: linkPeerName, PeerMTU: uint32(l.MTU), PeerHardwareAddr: mac}); err != nil {
+		return -1, fmt.Errorf("add veth: %w", err)
+	}
+	run, err := netlink.LinkByName(linkName)
+	if err != nil {
+		return -1, err
+	}
+	peer, err := netlink.LinkByName(linkPeerName)
+	if err != nil {
+		return -1, err
+	}
+	// The gateway's reader takes packets of at most 64 KiB less its
+	// headers: the run's segmentation offload must not build larger ones.
+	if err := netlink.LinkSetGSOMaxSize(run, l.MTU); err != nil {
+		return -1, fmt.Errorf("gso size: %w", err)
+	}
+	addr, peerAddr := net.ParseIP(l.Addr).To4(), net.ParseIP(l.Peer).To4()
+	host := net.CIDRMask(32, 32)
+	if err := netlink.AddrAdd(run, &netlink.Addr{IPNet: &net.IPNet{IP: addr, Mask: host}, Peer: &net.IPNet{IP: peerAddr, Mask: host}}); err != nil {
+		return -1, fmt.Errorf("address: %w", err)
+	}
+	for _, ln := range []netlink.Link{peer, run} {
+		if err := netlink.LinkSetUp(ln); err != nil {
+			return -1, fmt.Errorf("up %s: %w", ln.Attrs().Name, err)
+		}
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: run.Attrs().Index, Gw: peerAddr}); err != nil {
+		return -1, fmt.Errorf("default route: %w", err)
+	}
+	// Protocol 0 until bound: the socket takes nothing of other links.
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("packet socket: %w", err)
+	}
+	// The gateway must not read back what it sends.
+	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("packet socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: peer.Attrs().Index}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("bind packet socket: %w", err)
+	}
+	return fd, nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -73,7 +73,7 @@ func TestSandboxTable(t *testing.T) {
 	}
 
 	pol := mustParse(t, "[sandbox]\nbinaries = []\nnetwork = \"policy\"\nmemory = 1048576\ntmp_size = \"4096\"\nconnections = 3\nreach_private = [\"10.1.2.3\", \"192.168.0.0/16\", \"fd00::/8\"]\n").Sandbox()
-	if pol.Network() != NetworkPolicy || pol.Memory() != 1<<20 || pol.TmpSize() != 4096 || pol.Connections() != 3 {
+	if pol.Network() != NetworkPolicy || pol.Memory() != 1<<20 || pol.TmpSize() != 4096 || pol.Connections() != 3 || pol.Hosts() != "" {
 		t.Fatalf("%+v", pol)
 	}
 	for addr, want := range map[string]bool{
@@ -84,6 +84,9 @@ func TestSandboxTable(t *testing.T) {
 			t.Errorf("MayReachPrivate(%s) = %v", addr, got)
 		}
 	}
+	if h := mustParse(t, "[sandbox]\nbinaries = []\nhosts = \"/etc/condfs/hosts\"\n").Sandbox().Hosts(); h != "/etc/condfs/hosts" {
+		t.Fatalf("hosts %q", h)
+	}
 	if mustParse(t, "[sandbox]\nbinaries = []\nnetwork = \"host\"\n").Sandbox().Network() != NetworkHost {
 		t.Fatal("network host")
 	}
@@ -93,6 +96,9 @@ func TestSandboxLoadErrors(t *testing.T) {
 	const head = "# a comment\n[sandbox]\n"
 	for _, tc := range []struct{ text, want string }{
 		{head + "binaries = [\"/bin/sh\"]\nshell = \"/bin/sh\"\n", "c.toml:4:10: [sandbox]: unknown key \"shell\""},
+		{head + "binaries = []\nhosts = \"etc/hosts\"\n", "c.toml:4:10: [sandbox]: hosts must be the absolute, clean path of a hosts(5) file"},
+		{head + "binaries = []\nhosts = \"/etc/../hosts\"\n", "c.toml:4:10: [sandbox]: hosts must be the absolute, clean path"},
+		{head + "binaries = []\nhosts = 3\n", "c.toml:4:9: [sandbox]: hosts must be"},
 		{head + "binaries = [\"usr/bin/cat\"]\n", "c.toml:3:13: [sandbox]: binaries: \"usr/bin/cat\": not an absolute path"},
 		{head + "binaries = [\"/bin/sh\", \"\"]\n", "c.toml:3:13: [sandbox]: binaries: \"\": not an absolute path"},
 		{head + "binaries = [\"/usr/bin/../sbin/x\"]\n", "c.toml:3:13: [sandbox]: binaries: \"/usr/bin/../sbin/x\": a path must not hold a \"..\" segment"},

@@ -23,6 +23,7 @@ import (
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/egress"
 	"github.com/condfs/condfs/fsys"
 	"github.com/condfs/condfs/metrics"
 	"github.com/condfs/condfs/sandbox"
@@ -104,7 +105,8 @@ type Daemon struct {
 	restored      int // sessions restored at start
 	closing       atomic.Bool
 	denials       denialLimiter
-	warm          *warmPool // sandboxes of the next runs, built ahead (warm.go)
+	warm          *warmPool     // sandboxes of the next runs, built ahead (warm.go)
+	egressSlots   *egress.Slots // the node's bound on runs' open connections (egress.go)
 
 	stopWatch func()
 }
@@ -155,11 +157,12 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, audit: cfg.Audit,
-		conditions: newConditions(cfg.Conditions),
-		policy:     newPolicy(cfg.Policy),
-		sessions:   map[string]*session{},
-		mounts:     map[string]string{},
-		warm:       newWarmPool(cfg.WarmRuns),
+		conditions:  newConditions(cfg.Conditions),
+		policy:      newPolicy(cfg.Policy),
+		sessions:    map[string]*session{},
+		mounts:      map[string]string{},
+		warm:        newWarmPool(cfg.WarmRuns),
+		egressSlots: egress.NewSlots(nodeConnections),
 	}
 	if err := d.conditions.initial(); err != nil {
 		return nil, err

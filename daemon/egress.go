@@ -17,6 +17,12 @@ import (
 	"github.com/condfs/condfs/sandbox"
 )
 
+// nodeConnections bounds the egress connections of every run of the node
+// at once: each may hold up to about 350 KiB of the daemon's memory (its
+// windows and relay buffers, docs/sandbox.md), which no run's memory limit
+// counts, so the node's total is bounded here (about 700 MiB at most).
+const nodeConnections = 2048
+
 // egressLink is the run's end of its gateway, as the sandbox builds it.
 func egressLink() *sandbox.Link {
 	return &sandbox.Link{Addr: egress.RunAddr.String(), Peer: egress.GatewayAddr.String(),
@@ -62,6 +68,7 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 			return sb != nil && sb.MayReachPrivate(a)
 		},
 		Connections: d.conditions.Load().Sandbox().Connections(),
+		Node:        d.egressSlots,
 		Audit:       func(e egress.Event) { d.auditConnect(s, e) },
 		Log:         d.log,
 	})

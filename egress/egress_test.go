@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 )
@@ -20,7 +21,7 @@ func TestNormalPath(t *testing.T) {
 		{"/a/./b/../c", "/a/c"},
 		{"/a/%2e%2E/b", "/b"},
 		{"/%7euser/%41", "/~user/A"},
-		{"/a%2fb", "/a%2Fb"},
+		{"/a;v=1/b", "/a;v=1/b"},
 		{"/a/..", "/"},
 		{"/../../x", "/x"},
 		{"/p?q=%2e&x", "/p?q=%2e&x"},
@@ -35,7 +36,7 @@ func TestNormalPath(t *testing.T) {
 			t.Errorf("%q: got %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
-	for _, bad := range []string{"a/b", "/a%zz", "/a%4", "/a b", "/a\x00", "//evil/x", "/a/../..//evil", "/x#frag", "/é"} {
+	for _, bad := range []string{"/pub/..%2Fprivate/x", "/a%5Cb", "/a%00", "/pub/..;/private", "/.;x/y", "/a/..%3Bx/b", "a/b", "/a%zz", "/a%4", "/a b", "/a\x00", "//evil/x", "/a/../..//evil", "/x#frag", "/é"} {
 		if got, err := normalPath(&http.Request{Method: "GET", RequestURI: bad}); err == nil {
 			t.Errorf("%q: got %q, want an error", bad, got)
 		}
@@ -58,21 +59,53 @@ func TestCanonicalHost(t *testing.T) {
 }
 
 func TestSniff(t *testing.T) {
-	for in, want := range map[string]string{
-		"GET / HTTP/1.1\r\n": "http", "\r\nGET / HTTP/1.1\r\n": "http", "\x16\x03\x01": "https",
-		"SSH-2.0-x\r\n": "tcp", " GET": "tcp", "\x00\x01": "tcp", "": "tcp", "M-SEARCH * HTTP/1.1": "http",
+	for _, c := range []struct {
+		in   string
+		wait time.Duration
+		want string
+	}{
+		{"GET / HTTP/1.1\r\n", sniffWait, "http"},
+		{"\r\nGET / HTTP/1.1\r\n", sniffWait, "http"},
+		{" GET /private HTTP/1.1\r\n", sniffWait, "http"},
+		{"GET\t/private\tHTTP/1.1\r\n", sniffWait, "http"},
+		{"get / HTTP/1.1\r\n", sniffWait, "http"},
+		{"M-SEARCH * HTTP/1.1\r\n", sniffWait, "http"},
+		{"GET\x1c/private\x1cHTTP/1.1\r\n", sniffWait, "http"},
+		{"GET /private/\xc3\xa9 HTTP/1.1\r\n", sniffWait, "http"},
+		{"GET /private/x\r\n", sniffWait, "http"},
+		{"CONNECT a:1\r\n", sniffWait, "http"},
+		{"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n", sniffWait, "tcp"},
+		{"*1\r\n$4\r\nPING\r\n", sniffWait, "tcp"},
+		{"\x16\x03\x01", sniffWait, "https"},
+		{"SSH-2.0-x\r\n", sniffWait, "tcp"},
+		{"\x00\x01", sniffWait, "tcp"},
+		{"", sniffWait, "silent"},
+		{"", 0, "silent-forever"},
+		{"GET /private", sniffWait, ""}, // a pause inside the line: refused, never tcp
+		{"  ", sniffWait, ""},
 	} {
-		a, b := net.Pipe()
-		go func() {
-			if in != "" {
-				b.Write([]byte(in))
+		t.Run("", func(t *testing.T) {
+			t.Parallel() // several wait out headWait
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			go func() {
+				if c.in != "" {
+					b.Write([]byte(c.in))
+				}
+			}()
+			got := make(chan string, 1)
+			go func() { got <- sniff(a, bufio.NewReader(a), c.wait) }()
+			var g string
+			select {
+			case g = <-got:
+			case <-time.After(headWait + 2*time.Second):
+				g = "silent-forever"
 			}
-		}()
-		if got := sniff(a, bufio.NewReader(a)); got != want {
-			t.Errorf("%q: got %s, want %s", in, got, want)
-		}
-		a.Close()
-		b.Close()
+			if g != c.want {
+				t.Errorf("%q: got %q, want %q", c.in, g, c.want)
+			}
+		})
 	}
 }
 
@@ -85,7 +118,7 @@ func TestClientHello(t *testing.T) {
 		b.Close()
 	}()
 	br := bufio.NewReader(a)
-	if sniff(a, br) != "https" {
+	if sniff(a, br, sniffWait) != "https" {
 		t.Fatal("not https")
 	}
 	sni, head, err := clientHello(a, br)
@@ -200,6 +233,9 @@ func TestCheckRequest(t *testing.T) {
 		{"GET /a HTTP/1.0\r\n\r\n", fixed, 400, ""},
 		{"GET http://other.test/a HTTP/1.1\r\nHost: web.test\r\n\r\n", fixed, 400, ""},
 		{"GET /a HTTP/1.1\r\nHost: web.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", fixed, 501, ""},
+		{"GET /a HTTP/1.1\r\nHost: web.test\r\nContent-Length: 3\r\n\r\nabc", fixed, 400, ""},
+		{"DELETE /a HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", fixed, 400, ""},
+		{"POST /a HTTP/1.1\r\nHost: web.test\r\nContent-Length: 3\r\n\r\nabc", fixed, 0, "/a"},
 		{"GET http://web.test/a?b HTTP/1.1\r\nHost: web.test\r\n\r\n", nil, 0, "/a?b"},
 		{"GET /a HTTP/1.1\r\nHost: web.test\r\n\r\n", nil, 400, ""},
 		{"GET https://web.test/a HTTP/1.1\r\nHost: web.test\r\n\r\n", nil, 400, ""},

@@ -28,6 +28,7 @@ type flow struct {
 
 	mu       sync.Mutex
 	upstream net.Conn
+	addr     netip.Addr // where upstream was dialled
 	cutDone  bool
 	reset    bool // end with a reset: a refusal the program is not told of otherwise
 }
@@ -70,8 +71,9 @@ func (f *flow) refuse() {
 	f.mu.Unlock()
 }
 
-// setUpstream records c as f's upstream; false (c closed) when f was cut.
-func (f *flow) setUpstream(c net.Conn) bool {
+// setUpstream records c, dialled at addr, as f's upstream; false (c
+// closed) when f was cut.
+func (f *flow) setUpstream(c net.Conn, addr netip.Addr) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cutDone {
@@ -81,12 +83,21 @@ func (f *flow) setUpstream(c net.Conn) bool {
 	if f.upstream != nil && f.upstream != c {
 		f.upstream.Close()
 	}
-	f.upstream = c
+	f.upstream, f.addr = c, addr
 	return true
 }
 
+// dialled is the address f's upstream was dialled at (invalid: none).
+func (f *flow) dialled() netip.Addr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.addr
+}
+
 func (f *flow) serve(dst netip.Addr, port int) {
-	br := bufio.NewReaderSize(f.client, 64<<10)
+	// Its size bounds a request head and a first line (32 KiB, as
+	// common servers' limits).
+	br := bufio.NewReaderSize(f.client, 32<<10)
 	switch {
 	case dst == GatewayAddr && port == ProxyPort:
 		f.proxy(br)
@@ -106,26 +117,39 @@ func (f *flow) serve(dst netip.Addr, port int) {
 
 // captured serves a connection to host:port, classified by its first bytes.
 func (f *flow) captured(br *bufio.Reader, host string, port int) {
-	proto := sniff(f.client, br)
+	proto := sniff(f.client, br, sniffWait)
 	switch proto {
 	case "http":
 		f.serveHTTP(br, &target{host: host, port: port})
 	case "https":
 		f.tunnelTLS(br, host, port)
-	default:
+	case "tcp":
 		f.tunnel(br, Request{Host: host, Port: port, Protocol: "tcp"})
+	case "silent":
+		f.silent(br, host, port)
+	default:
+		f.refuse()
+		f.g.audit(Event{Request: Request{Host: host, Port: port, Protocol: "tcp"},
+			Verdict: Verdict{Decision: "deny", Reasons: []string{"the connection's first bytes could not be classified in time"}}})
 	}
 }
 
 // sniff classifies a connection by its first bytes without taking them:
-// "https" for a TLS handshake record, "http" for what starts like a request
-// (a token and a space; leading blank lines too, which parse as nothing
-// and get 400), "tcp" for anything else or nothing within sniffWait.
-func sniff(c net.Conn, br *bufio.Reader) string {
-	_ = c.SetReadDeadline(time.Now().Add(sniffWait))
+// "https" for a TLS handshake record; "http" for a first line any lenient
+// server could read as a request line (requestLine); "tcp" for anything
+// else; "silent" when nothing comes within wait (0: no limit); "" when the
+// first line neither ends nor turns binary within headWait and the reader's
+// size (refused: a program must not get "tcp" by pausing or by length).
+func sniff(c net.Conn, br *bufio.Reader, wait time.Duration) string {
+	if wait > 0 {
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+	}
 	b, err := br.Peek(1)
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil || len(b) == 0 {
+		if wait > 0 && isTimeout(err) {
+			return "silent"
+		}
 		return "tcp"
 	}
 	if b[0] == 0x16 {
@@ -133,29 +157,75 @@ func sniff(c net.Conn, br *bufio.Reader) string {
 	}
 	_ = c.SetReadDeadline(time.Now().Add(headWait))
 	defer c.SetReadDeadline(time.Time{})
-	for n := 1; n <= 24; n++ {
-		b, err := br.Peek(n)
-		if err != nil {
-			return "tcp"
+	for {
+		buf, _ := br.Peek(br.Buffered())
+		if v, done := requestLine(buf, false); done {
+			return v
 		}
-		ch := b[n-1]
-		switch {
-		case ch == '\r' || ch == '\n':
-			if strings.Trim(string(b), "\r\n") == "" {
-				continue
+		if br.Buffered() == br.Size() {
+			return ""
+		}
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			if isTimeout(err) {
+				return ""
 			}
-			return "tcp"
-		case ch == ' ':
-			if strings.Trim(string(b), "\r\n ") == "" {
-				return "tcp"
-			}
-			return "http"
-		case ch >= 'A' && ch <= 'Z' || ch >= 'a' && ch <= 'z' || ch == '-' || ch == '_':
-		default:
-			return "tcp"
+			// The program's end: a server reads what came as a line.
+			buf, _ = br.Peek(br.Buffered())
+			v, _ := requestLine(buf, true)
+			return v
 		}
 	}
-	return "tcp"
+}
+
+// requestLine classifies the first line of buf; done is false while more is
+// needed. Blanks are every byte some server splits a request line on
+// (Python's str.split on Latin-1 text among them); a control byte that is
+// not one makes it "tcp" at once. A line (after leading blanks, so blank
+// lines too) of two fields or more whose last one starts with "HTTP/", or
+// whose second is a request target (starting with "/" or "*", holding
+// "://", or after CONNECT), is "http": Go's parser then answers 400 for
+// what is not HTTP exactly.
+func requestLine(buf []byte, atEnd bool) (string, bool) {
+	i := 0
+	for i < len(buf) && isBlank(buf[i]) {
+		i++
+	}
+	end := -1
+	for j := i; j < len(buf); j++ {
+		if buf[j] == '\n' {
+			end = j
+			break
+		}
+		if !isBlank(buf[j]) && (buf[j] < 0x20 || buf[j] == 0x7f) {
+			return "tcp", true
+		}
+	}
+	if end < 0 {
+		if !atEnd {
+			return "", false
+		}
+		end = len(buf)
+	}
+	fields := strings.FieldsFunc(string(buf[i:end]), func(r rune) bool { return r < 256 && isBlank(byte(r)) })
+	if len(fields) >= 2 {
+		last, second := fields[len(fields)-1], fields[1]
+		if len(last) >= 5 && strings.EqualFold(last[:5], "HTTP/") ||
+			strings.HasPrefix(second, "/") || strings.HasPrefix(second, "*") || strings.Contains(second, "://") ||
+			strings.EqualFold(fields[0], "CONNECT") {
+			return "http", true
+		}
+	}
+	return "tcp", true
+}
+
+// isBlank: what some server takes as white space in a request line.
+func isBlank(c byte) bool {
+	return c == ' ' || c >= '\t' && c <= '\r' || c >= 0x1c && c <= 0x1f || c == 0x85 || c == 0xa0
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // errAbortHello stops crypto/tls once it has parsed the client hello.
@@ -215,10 +285,88 @@ func (f *flow) tunnel(src io.Reader, r Request) {
 		f.refuse()
 		return
 	}
-	if !f.setUpstream(up) {
+	if !f.setUpstream(up, addr) {
 		return
 	}
-	relay(f.client, src, up)
+	relay(f.client, src, up, up, func() bool { return true }, nil)
+}
+
+// silent serves a connection whose program said nothing within sniffWait:
+// a preconnect, or a protocol whose server speaks first. When tcp to
+// host:port is allowed it is dialled, and the side that speaks first
+// decides: the server (relayed as tcp; the program's first bytes are then
+// refused if they are HTTP or TLS, which would have been decided as such:
+// waiting must not turn a request into opaque bytes), or the program (its
+// bytes classified as on any connection; the upstream dialled for tcp is
+// dropped unless they are tcp). Otherwise nothing is dialled until the
+// program speaks.
+func (f *flow) silent(br *bufio.Reader, host string, port int) {
+	r := Request{Host: host, Port: port, Protocol: "tcp"}
+	if !f.g.wouldAllow(r) {
+		switch sniff(f.client, br, idleWait) {
+		case "http":
+			f.serveHTTP(br, &target{host: host, port: port})
+		case "https":
+			f.tunnelTLS(br, host, port)
+		case "tcp":
+			f.tunnel(br, r) // decided, and refused
+		default:
+			f.refuse()
+		}
+		return
+	}
+	v := f.g.decideFor(f, r)
+	if !v.Allowed() {
+		f.g.audit(Event{Request: r, Verdict: v})
+		f.refuse()
+		return
+	}
+	up, addr, why := f.g.dial(host, port)
+	f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why})
+	if up == nil {
+		f.refuse()
+		return
+	}
+	if !f.setUpstream(up, addr) {
+		return
+	}
+	upBr := bufio.NewReaderSize(up, 32<<10)
+	clientFirst, serverFirst := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := br.Peek(1); clientFirst <- err }()
+	go func() { _, err := upBr.Peek(1); serverFirst <- err }()
+	select {
+	case err := <-clientFirst:
+		if err != nil {
+			return
+		}
+		switch sniff(f.client, br, 0) {
+		case "tcp":
+			relay(f.client, br, up, upBr, func() bool { return true }, func() { <-serverFirst })
+		case "http":
+			up.Close()
+			f.serveHTTP(br, &target{host: host, port: port})
+		case "https":
+			up.Close()
+			f.tunnelTLS(br, host, port)
+		default:
+			f.refuse()
+		}
+	case err := <-serverFirst:
+		if err != nil {
+			return
+		}
+		relay(f.client, br, up, upBr, func() bool {
+			if err := <-clientFirst; err != nil {
+				return false
+			}
+			if sniff(f.client, br, 0) == "tcp" {
+				return true
+			}
+			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: "cut: the program sent HTTP or TLS after its server spoke first"})
+			f.cut()
+			return false
+		}, nil)
+	}
 }
 
 // dial connects to host:port for an allowed request: resolved by the
@@ -231,7 +379,9 @@ func (g *Gateway) dial(host string, port int) (net.Conn, netip.Addr, string) {
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
 	} else {
-		addrs, err = g.cfg.Resolve(ctx, host)
+		// Rooted: the host's search domains must not turn an allowed
+		// name into one of its own networks' names.
+		addrs, err = g.cfg.Resolve(ctx, host+".")
 		if err != nil || len(addrs) == 0 {
 			return nil, netip.Addr{}, "the name does not resolve"
 		}
@@ -258,18 +408,25 @@ func (g *Gateway) dial(host string, port int) (net.Conn, netip.Addr, string) {
 }
 
 // relay copies both ways until both directions end; each end's close is
-// passed on as a half close.
-func relay(client *gonet.TCPConn, src io.Reader, up net.Conn) {
+// passed on as a half close. Nothing of the program's (src) goes upstream
+// unless clientGate allows it; nothing of upstream's (upSrc) is read before
+// upGate, when set, returns.
+func relay(client *gonet.TCPConn, src io.Reader, up net.Conn, upSrc io.Reader, clientGate func() bool, upGate func()) {
 	done := make(chan struct{}, 2)
 	go func() {
-		_, _ = io.Copy(up, src)
+		if clientGate() {
+			_, _ = io.Copy(up, src)
+		}
 		if cw, ok := up.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
-		_, _ = io.Copy(client, up)
+		if upGate != nil {
+			upGate()
+		}
+		_, _ = io.Copy(client, upSrc)
 		_ = client.CloseWrite()
 		done <- struct{}{}
 	}()

@@ -77,6 +77,9 @@ type Config struct {
 	Reach func(netip.Addr) bool
 	// Connections bounds the run's open connections (0: 256).
 	Connections int
+	// Node bounds the open connections of every gateway that shares it
+	// (the daemon's one); nil: no bound beyond Connections.
+	Node *Slots
 	// Audit is told of every decision; nil: nobody.
 	Audit func(Event)
 	Log   *slog.Logger
@@ -94,6 +97,39 @@ const (
 	dialWait = 10 * time.Second
 	// maxDNSFlows bounds the resolver's open exchanges.
 	maxDNSFlows = 64
+)
+
+// Slots bounds open connections across gateways.
+type Slots struct{ c chan struct{} }
+
+// NewSlots makes n slots.
+func NewSlots(n int) *Slots { return &Slots{c: make(chan struct{}, n)} }
+
+func (s *Slots) take() bool {
+	if s == nil {
+		return true
+	}
+	select {
+	case s.c <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Slots) give() {
+	if s != nil {
+		<-s.c
+	}
+}
+
+// What one connection may hold in the stack: its windows toward and from
+// the run. Small enough that Connections of them stay a bounded cost
+// (docs/sandbox.md), large enough for the link's speed.
+const (
+	minBuffer     = 4 << 10
+	defaultBuffer = 64 << 10
+	maxBuffer     = 128 << 10
 )
 
 // Gateway is one run's egress gateway.
@@ -165,6 +201,14 @@ func (g *Gateway) start() error {
 		s.Destroy()
 		return fmt.Errorf("%s: %s", what, e)
 	}
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuffer, Default: defaultBuffer, Max: maxBuffer}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuffer, Default: defaultBuffer, Max: maxBuffer}
+	moderate := tcpip.TCPModerateReceiveBufferOption(false)
+	for _, o := range []tcpip.SettableTransportProtocolOption{&rcv, &snd, &moderate} {
+		if e := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); e != nil {
+			return fail("buffers", e)
+		}
+	}
 	// The handlers first: the NIC delivers from its creation on.
 	fwd := tcp.NewForwarder(s, 0, g.cfg.Connections, g.onTCP)
 	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
@@ -226,8 +270,16 @@ func (g *Gateway) Recheck() int {
 		if r == nil {
 			continue
 		}
-		if v := g.verdict(*r); !v.Allowed() {
-			g.audit(Event{Request: *r, Verdict: v, Refused: "cut: the context or the policy changed"})
+		v := g.verdict(*r)
+		why := ""
+		switch a := f.dialled(); {
+		case !v.Allowed():
+			why = "cut: the context or the policy changed"
+		case a.IsValid() && g.private(a) != "" && (g.cfg.Reach == nil || !g.cfg.Reach(a)):
+			why = "cut: reach_private no longer lists " + a.String()
+		}
+		if why != "" {
+			g.audit(Event{Request: *r, Verdict: v, Addr: f.dialled(), Refused: why})
 			f.cut()
 			delete(g.flows, f)
 			n++
@@ -249,6 +301,13 @@ func (g *Gateway) verdict(r Request) (v Verdict) {
 		}
 	}()
 	return (*d)(r)
+}
+
+// wouldAllow reports whether r would be allowed now, recording nothing.
+func (g *Gateway) wouldAllow(r Request) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.verdict(r).Allowed()
 }
 
 // decideFor decides r for f and records it, so that Recheck sees it.
@@ -277,10 +336,19 @@ func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true) // over [sandbox] connections: reset
 		return
 	}
+	if !g.cfg.Node.take() {
+		<-g.slots
+		r.Complete(true) // over the node's bound: reset
+		return
+	}
+	release := func() {
+		g.cfg.Node.give()
+		<-g.slots
+	}
 	var wq waiter.Queue
 	ep, e := r.CreateEndpoint(&wq)
 	if e != nil {
-		<-g.slots
+		release()
 		r.Complete(true)
 		return
 	}
@@ -290,7 +358,7 @@ func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
 	if g.ctx.Err() != nil {
 		g.mu.Unlock()
 		ep.Abort()
-		<-g.slots
+		release()
 		return
 	}
 	g.flows[f] = struct{}{}
@@ -299,7 +367,7 @@ func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
 	dst := netip.AddrFrom4(id.LocalAddress.As4())
 	go func() {
 		defer g.wg.Done()
-		defer func() { <-g.slots }()
+		defer release()
 		defer g.forget(f)
 		f.serve(dst, int(id.LocalPort))
 	}()

@@ -19,7 +19,7 @@ func HostsResolver(path string) func(ctx context.Context, host string) ([]netip.
 		if path == "" {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 		}
-		addrs, err := lookupHosts(path, host)
+		addrs, err := lookupHosts(path, strings.TrimSuffix(host, "."))
 		if err != nil {
 			return nil, err
 		}

@@ -90,7 +90,7 @@ func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) {
 				f.status(http.StatusForbidden, refusal(r, v, why))
 				return
 			}
-			if !f.setUpstream(c) {
+			if !f.setUpstream(c, addr) {
 				return
 			}
 			up = &upstreamConn{t: t, c: c, br: bufio.NewReaderSize(c, 32<<10)}
@@ -139,7 +139,9 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn)
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
 			continue // an interim answer: the final one follows
 		}
-		return !req.Close && !resp.Close
+		// An upstream that was sent a body is not used again: what a
+		// server left of it unread must not answer the next request.
+		return !req.Close && !resp.Close && req.ContentLength == 0 && len(req.TransferEncoding) == 0
 	}
 }
 
@@ -185,6 +187,14 @@ func checkRequest(req *http.Request, hosts []string, fixed *target) (target, Req
 	}
 	if req.Header.Get("Upgrade") != "" {
 		return bad(http.StatusNotImplemented, "protocol upgrades are not forwarded")
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete, http.MethodTrace:
+		// A server that does not read such a request's body would read it
+		// as a request of its own, which nobody decided.
+		if req.ContentLength != 0 || len(req.TransferEncoding) > 0 {
+			return bad(http.StatusBadRequest, "a %s request carries no body here", req.Method)
+		}
 	}
 	path, err := normalPath(req)
 	if err != nil {

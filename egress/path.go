@@ -41,6 +41,9 @@ func normalPath(req *http.Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if err := ambiguous(np); err != nil {
+		return "", err
+	}
 	np = removeDots(np)
 	if strings.HasPrefix(np, "//") {
 		return "", fmt.Errorf("%q starts with \"//\"", np)
@@ -52,6 +55,26 @@ func normalPath(req *http.Request) (string, error) {
 		return "", fmt.Errorf("query: %w", err)
 	}
 	return np + "?" + q, nil
+}
+
+// ambiguous refuses what servers read in more than one way, so that the
+// decided path is the one every server reads: an encoded "/", "\\" or NUL
+// (a server that decodes before it splits sees other segments), and a
+// segment that is a dot segment once its ";" parameters are dropped
+// ("..;", ".;x": some servers drop them).
+func ambiguous(p string) error {
+	for _, e := range []string{"%2F", "%5C", "%00"} {
+		if strings.Contains(p, e) {
+			return fmt.Errorf("%q holds %s", p, e)
+		}
+	}
+	for _, seg := range strings.Split(p, "/") {
+		base, _, params := strings.Cut(strings.ReplaceAll(seg, "%3B", ";"), ";")
+		if params && (base == "." || base == "..") {
+			return fmt.Errorf("segment %q is a dot segment with parameters", seg)
+		}
+	}
+	return nil
 }
 
 const hexDigits = "0123456789ABCDEF"

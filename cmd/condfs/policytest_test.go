@@ -7,11 +7,13 @@ import (
 	"testing"
 )
 
-// The shipped example's tests pass and leave no constraint untested.
+// The shipped examples' tests pass and leave no constraint untested.
 func TestPolicyTestExample(t *testing.T) {
-	r := condfs(t, nil, "policy", "test", "--coverage", "--policy", "../../examples/agent/config/policy.yaml", "../../examples/agent/config/policy_test.yaml")
-	if r.code != 0 || !strings.HasSuffix(strings.TrimSpace(r.stdout), " passed, 0 failed") || strings.Contains(r.stdout, "never false") {
-		t.Fatalf("example policy tests: code %d\n%s%s", r.code, r.stdout, r.stderr)
+	for _, dir := range []string{"../../examples/agent/config", "../../examples/egress"} {
+		r := condfs(t, nil, "policy", "test", "--coverage", "--policy", dir+"/policy.yaml", dir+"/policy_test.yaml")
+		if r.code != 0 || !strings.HasSuffix(strings.TrimSpace(r.stdout), " passed, 0 failed") || strings.Contains(r.stdout, "never false") {
+			t.Fatalf("%s policy tests: code %d\n%s%s", dir, r.code, r.stdout, r.stderr)
+		}
 	}
 }
 

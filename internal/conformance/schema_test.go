@@ -31,19 +31,22 @@ func TestSchemas(t *testing.T) {
 
 	type file struct{ name, text string }
 	var policies, conds []file
-	for _, p := range []string{"examples/agent/config/policy.yaml", "examples/claude-code/policy.yaml"} {
+	for _, p := range []string{"examples/agent/config/policy.yaml", "examples/claude-code/policy.yaml", "examples/egress/policy.yaml"} {
 		b, err := os.ReadFile(filepath.Join(root, p))
 		if err != nil {
 			t.Fatal(err)
 		}
 		policies = append(policies, file{p, string(b)})
 	}
-	b, err := os.ReadFile(filepath.Join(root, "examples/agent/config/conditions.toml"))
-	if err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"examples/agent/config/conditions.toml", "examples/egress/conditions.toml"} {
+		b, err := os.ReadFile(filepath.Join(root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conds = append(conds, file{p, string(b)})
 	}
-	conds = append(conds, file{"examples/agent/config/conditions.toml", string(b)},
-		file{"sandbox", "[sandbox]\nbinaries = [\"/bin/sh\", \"/usr/lib/git-core/\"]\nnetwork = \"policy\"\nmemory = 1048576\ntmp_size = \"64MiB\"\npids = 8\nconnections = 4\nreach_private = [\"10.0.0.0/8\", \"fd00::1\"]\n[exec.\"/usr/lib/git-core/\"]\nwhen = \"tui\"\naction = \"deny\"\n"},
+	conds = append(conds,
+		file{"sandbox", "[sandbox]\nbinaries = [\"/bin/sh\", \"/usr/lib/git-core/\"]\nnetwork = \"policy\"\nmemory = 1048576\ntmp_size = \"64MiB\"\npids = 8\nconnections = 4\nreach_private = [\"10.0.0.0/8\", \"fd00::1\"]\nhosts = \"/etc/condfs/hosts\"\n[exec.\"/usr/lib/git-core/\"]\nwhen = \"tui\"\naction = \"deny\"\n"},
 		file{"sandbox unknown key", "[sandbox]\nbinaries = []\nshell = \"/bin/sh\"\n"},
 		file{"sandbox in exec", "[exec.\"/bin/sh\"]\nwhen = \"tui\"\naction = \"allow\"\nbinaries = []\n"})
 	cases, err := conformance.Load("constraints.jsonl")

@@ -195,4 +195,3 @@ func serveEgressBench(ln net.Listener) {
 		}()
 	}
 }
-

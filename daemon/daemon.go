@@ -777,7 +777,7 @@ func (d *Daemon) mStatus(ctx context.Context, _ json.RawMessage) (any, *control.
 		restore = []string{}
 	}
 	return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
-		"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.warm.status()}, nil
+		"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.warm.status(), "egress": d.egressStatus()}, nil
 }
 
 // contextOf gives the context of a session, or an explicit one.

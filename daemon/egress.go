@@ -135,3 +135,13 @@ func recheckEgress(a *activeRun) {
 		gw.Recheck()
 	}
 }
+
+// egressStatus is status.egress: the network mode runs get under the
+// config in force, and the node's open egress connections and bound.
+func (d *Daemon) egressStatus() map[string]any {
+	network := "none"
+	if sb := d.conditions.Load().Sandbox(); sb != nil {
+		network = string(sb.Network())
+	}
+	return map[string]any{"network": network, "connections": d.egressSlots.InUse(), "max_connections": nodeConnections}
+}

@@ -105,6 +105,14 @@ type Slots struct{ c chan struct{} }
 // NewSlots makes n slots.
 func NewSlots(n int) *Slots { return &Slots{c: make(chan struct{}, n)} }
 
+// InUse is how many slots are taken.
+func (s *Slots) InUse() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.c)
+}
+
 func (s *Slots) take() bool {
 	if s == nil {
 		return true

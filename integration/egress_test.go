@@ -373,6 +373,20 @@ while True:
     got += b
 print(got.decode())
 `, "403 Forbidden"},
+		{"a CONNECT whose client hello names another host", `
+import socket, ssl
+s = socket.create_connection(("198.19.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT web.test:443 HTTP/1.1\r\nHost: web.test:443\r\n\r\n")
+print(s.recv(100).split(b"\r\n")[0].decode())
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+try:
+    t = ctx.wrap_socket(s, server_hostname="api.test")
+    print("handshake", t.version())
+except Exception as e:
+    print("refused", type(e).__name__)
+`, "HTTP/1.1 200 Connection established\nrefused"},
 		{"the connection limit", `
 import socket
 ok = 0
@@ -439,6 +453,22 @@ print("web", w.recv(4096).split(b"\r\n")[0].decode(), flush=True)
 	if l := line(); l != "banner" {
 		t.Fatalf("first line %q\n%s", l, d.log())
 	}
+	egressOpen := func() int {
+		var st struct {
+			Egress struct {
+				Network     string `json:"network"`
+				Connections int    `json:"connections"`
+			} `json:"egress"`
+		}
+		d.call("status", map[string]any{}, &st)
+		if st.Egress.Network != "policy" {
+			t.Errorf("status.egress.network %q", st.Egress.Network)
+		}
+		return st.Egress.Connections
+	}
+	if n := egressOpen(); n != 2 {
+		t.Errorf("status.egress.connections %d with two open", n)
+	}
 	d.setContext("s", guildCtx)
 	io.WriteString(stdin, "go\n")
 	if l := line(); !strings.HasPrefix(l, "echo cut") && l != "echo b''" {
@@ -448,6 +478,7 @@ print("web", w.recv(4096).split(b"\r\n")[0].decode(), flush=True)
 		t.Errorf("the web connection after the switch: %q", l)
 	}
 	cmd.Wait()
+	d.within("the run's connections to be released", func() bool { return egressOpen() == 0 })
 	if !strings.Contains(d.log(), `"host":"echo.test","port":7000,"protocol":"tcp"`) || !strings.Contains(d.log(), `"refused":"cut: the context or the policy changed"`) {
 		t.Errorf("no cut in the audit log:\n%s", d.log())
 	}

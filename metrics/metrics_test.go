@@ -25,6 +25,8 @@ func TestLabelsAreBounded(t *testing.T) {
 	m.Reload("conditions", "surprise")
 	m.SocketError(-1)
 	m.Decision("maybe", "none")
+	m.Egress("quic", "cut")
+	m.Egress("https", "sideways")
 	out := exposition(m)
 	want := `# HELP condfs_path_denials_total Path requests the rules denied, by space and operation.
 # TYPE condfs_path_denials_total counter
@@ -38,6 +40,8 @@ condfs_path_denials_total{space="other",op="lookup"} 2
 		`condfs_config_reloads_total{file="conditions",outcome="other"} 1`,
 		`condfs_socket_errors_total{code="other"} 1`,
 		`condfs_tool_decisions_total{decision="other",role="none"} 1`,
+		`condfs_egress_decisions_total{protocol="other",outcome="cut"} 1`,
+		`condfs_egress_decisions_total{protocol="https",outcome="other"} 1`,
 		`condfs_panics_recovered_total{where="other"} 2`,
 	} {
 		if !strings.Contains(out, line+"\n") {
@@ -46,6 +50,7 @@ condfs_path_denials_total{space="other",op="lookup"} 2
 	}
 	var nilM *Metrics
 	nilM.Decision("allow", "x") // a nil *Metrics records nothing, and does not panic
+	nilM.Egress("tcp", "allow")
 }
 
 // The whole exposition is what Prometheus's own parser reads, with the

@@ -121,6 +121,8 @@ type session struct {
 
 	runs      runs       // its condfs runs (run.go)
 	switchMu  sync.Mutex // one context switch at a time
+	egressMu  sync.Mutex
+	egress    *egress.Slots // its runs' egress connections together (egress.go)
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
 }

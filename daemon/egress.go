@@ -69,6 +69,7 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 			return sb != nil && sb.MayReachPrivate(a)
 		},
 		Connections: d.conditions.Load().Sandbox().Connections(),
+		Session:     sessionSlots(s, d.conditions.Load().Sandbox().Connections()),
 		Node:        d.egressSlots,
 		Audit:       func(e egress.Event) { d.auditConnect(s, e) },
 		Log:         d.log,
@@ -78,6 +79,18 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 	}
 	r.SetNet(gw)
 	return gw, nil
+}
+
+// sessionSlots is the bound all of s's runs share: [sandbox] connections
+// as it was at its first policy run, so that one session's runs together
+// hold no more than one run may (one session must not take the node's).
+func sessionSlots(s *session, n int) *egress.Slots {
+	s.egressMu.Lock()
+	defer s.egressMu.Unlock()
+	if s.egress == nil {
+		s.egress = egress.NewSlots(n)
+	}
+	return s.egress
 }
 
 // connectDecider decides s's run's connections with roles, in s's context

@@ -191,12 +191,16 @@ func requestLine(buf []byte, atEnd bool) (string, bool) {
 		i++
 	}
 	end := -1
+	sawBlank := false
 	for j := i; j < len(buf); j++ {
 		if buf[j] == '\n' {
 			end = j
 			break
 		}
-		if !isBlank(buf[j]) && (buf[j] < 0x20 || buf[j] == 0x7f) {
+		if isBlank(buf[j]) {
+			sawBlank = true
+		} else if !sawBlank && (buf[j] < 0x20 || buf[j] == 0x7f) {
+			// A control byte in the first field: no method token.
 			return "tcp", true
 		}
 	}
@@ -206,16 +210,44 @@ func requestLine(buf []byte, atEnd bool) (string, bool) {
 		}
 		end = len(buf)
 	}
-	fields := strings.FieldsFunc(string(buf[i:end]), func(r rune) bool { return r < 256 && isBlank(byte(r)) })
+	// Split byte by byte: a lone 0x85 or 0xa0 is not UTF-8, but Latin-1
+	// white space to Python.
+	var fields []string
+	start := -1
+	for j := i; j <= end; j++ {
+		if j == end || isBlank(buf[j]) {
+			if start >= 0 {
+				fields = append(fields, string(buf[start:j]))
+				start = -1
+			}
+		} else if start < 0 {
+			start = j
+		}
+	}
 	if len(fields) >= 2 {
 		last, second := fields[len(fields)-1], fields[1]
 		if len(last) >= 5 && strings.EqualFold(last[:5], "HTTP/") ||
 			strings.HasPrefix(second, "/") || strings.HasPrefix(second, "*") || strings.Contains(second, "://") ||
-			strings.EqualFold(fields[0], "CONNECT") {
+			knownMethod(fields[0]) {
 			return "http", true
 		}
 	}
 	return "tcp", true
+}
+
+// knownMethod: a method of the IANA registry (any case): a line that starts
+// with one is HTTP to some server whatever its target (HTTP/0.9's "GET x").
+func knownMethod(m string) bool {
+	switch strings.ToUpper(m) {
+	case "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+		"ACL", "BASELINE-CONTROL", "BIND", "CHECKIN", "CHECKOUT", "COPY", "LABEL", "LINK", "LOCK",
+		"MERGE", "MKACTIVITY", "MKCALENDAR", "MKCOL", "MKREDIRECTREF", "MKWORKSPACE", "MOVE",
+		"ORDERPATCH", "PRI", "PROPFIND", "PROPPATCH", "QUERY", "REBIND", "REPORT", "SEARCH",
+		"UNBIND", "UNCHECKOUT", "UNLINK", "UNLOCK", "UPDATE", "UPDATEREDIRECTREF", "VERSION-CONTROL",
+		"M-SEARCH", "NOTIFY", "SUBSCRIBE", "UNSUBSCRIBE", "PURGE":
+		return true
+	}
+	return false
 }
 
 // isBlank: what some server takes as white space in a request line.
@@ -285,7 +317,7 @@ func (f *flow) tunnel(src io.Reader, r Request) {
 		f.refuse()
 		return
 	}
-	if !f.setUpstream(up, addr) {
+	if !f.g.adopt(f, r, v, up, addr) {
 		return
 	}
 	relay(f.client, src, up, up, func() bool { return true }, nil)
@@ -327,7 +359,7 @@ func (f *flow) silent(br *bufio.Reader, host string, port int) {
 		f.refuse()
 		return
 	}
-	if !f.setUpstream(up, addr) {
+	if !f.g.adopt(f, r, v, up, addr) {
 		return
 	}
 	upBr := bufio.NewReaderSize(up, 32<<10)
@@ -359,10 +391,14 @@ func (f *flow) silent(br *bufio.Reader, host string, port int) {
 			if err := <-clientFirst; err != nil {
 				return false
 			}
-			if sniff(f.client, br, 0) == "tcp" {
+			why := "cut: the program sent HTTP or TLS after its server spoke first"
+			switch sniff(f.client, br, 0) {
+			case "tcp":
 				return true
+			case "":
+				why = "cut: the program's first line after its server spoke could not be classified in time"
 			}
-			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: "cut: the program sent HTTP or TLS after its server spoke first"})
+			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why})
 			f.cut()
 			return false
 		}, nil)

@@ -77,9 +77,10 @@ type Config struct {
 	Reach func(netip.Addr) bool
 	// Connections bounds the run's open connections (0: 256).
 	Connections int
-	// Node bounds the open connections of every gateway that shares it
-	// (the daemon's one); nil: no bound beyond Connections.
-	Node *Slots
+	// Session and Node bound the open connections of every gateway that
+	// shares them (the daemon gives each session's runs one, and the node
+	// one); nil: no bound beyond Connections.
+	Session, Node *Slots
 	// Audit is told of every decision; nil: nobody.
 	Audit func(Event)
 	Log   *slog.Logger
@@ -311,6 +312,22 @@ func (g *Gateway) verdict(r Request) (v Verdict) {
 	return (*d)(r)
 }
 
+// adopt makes c, dialled at addr for f's request r, f's upstream, under
+// the read lock Recheck excludes: a reload that took addr out of
+// reach_private while the dial was in flight is seen here (or by Recheck,
+// which then sees the address). false: c is closed, f refused.
+func (g *Gateway) adopt(f *flow, r Request, v Verdict, c net.Conn, addr netip.Addr) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.private(addr) != "" && (g.cfg.Reach == nil || !g.cfg.Reach(addr)) {
+		c.Close()
+		f.refuse()
+		g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: "reach_private no longer lists " + addr.String()})
+		return false
+	}
+	return f.setUpstream(c, addr)
+}
+
 // wouldAllow reports whether r would be allowed now, recording nothing.
 func (g *Gateway) wouldAllow(r Request) bool {
 	g.mu.RLock()
@@ -344,13 +361,20 @@ func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true) // over [sandbox] connections: reset
 		return
 	}
+	if !g.cfg.Session.take() {
+		<-g.slots
+		r.Complete(true) // over the session's bound: reset
+		return
+	}
 	if !g.cfg.Node.take() {
+		g.cfg.Session.give()
 		<-g.slots
 		r.Complete(true) // over the node's bound: reset
 		return
 	}
 	release := func() {
 		g.cfg.Node.give()
+		g.cfg.Session.give()
 		<-g.slots
 	}
 	var wq waiter.Queue

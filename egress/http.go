@@ -90,7 +90,8 @@ func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) {
 				f.status(http.StatusForbidden, refusal(r, v, why))
 				return
 			}
-			if !f.setUpstream(c, addr) {
+			if !f.g.adopt(f, r, v, c, addr) {
+				f.status(http.StatusForbidden, refusal(r, v, "reach_private no longer lists "+addr.String()))
 				return
 			}
 			up = &upstreamConn{t: t, c: c, br: bufio.NewReaderSize(c, 32<<10)}

@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pyRaw reads everything the connection returns until EOF or timeout.
+const pyRaw = `
+import socket, time
+def readall(s):
+    got = b""
+    try:
+        while True:
+            b = s.recv(4096)
+            if not b:
+                break
+            got += b
+    except Exception as e:
+        got += b" <" + type(e).__name__.encode() + b">"
+    return got
+`
+
+// TestAttack2EgressSniff: request lines Python's http.server reads as a
+// request that the gateway classified "tcp" (allowed for web.test), so the
+// policy's http rules (GET only, nothing under /private) never applied:
+// each was served /private/secret.txt (second attacker review). Now each
+// is classified http and refused.
+func TestAttack2EgressSniff(t *testing.T) {
+	d, n := egressHomeNet(t)
+	n.pyServer(t)
+	cases := []struct{ name, code string }{
+		// HTTP/0.9: two fields, a target without a leading "/".
+		{"HTTP/0.9 relative target", pyRaw + `
+s = socket.create_connection(("web.test", 8000), timeout=5)
+s.sendall(b"GET private/secret.txt\r\n\r\n")
+print(readall(s))
+`},
+		// Latin-1 NEL (0x85) and NBSP (0xa0) as separators: Python splits
+		// on them; requestLine's FieldsFunc decodes UTF-8 and sees U+FFFD.
+		{"0x85 separators", pyRaw + `
+s = socket.create_connection(("web.test", 8000), timeout=5)
+s.sendall(b"GET\x85/private/secret.txt\x85HTTP/1.0\r\n\r\n")
+print(readall(s))
+`},
+		{"0xa0 separators", pyRaw + `
+s = socket.create_connection(("web.test", 8000), timeout=5)
+s.sendall(b"GET\xa0/private/secret.txt\xa0HTTP/1.0\r\n\r\n")
+print(readall(s))
+`},
+		// A control byte ends requestLine's scan as "tcp" at once; Python
+		// splits the target at "?" (and "#") before it looks at the file.
+		{"a control byte in the query", pyRaw + `
+s = socket.create_connection(("web.test", 8000), timeout=5)
+s.sendall(b"GET /private/secret.txt?\x01 HTTP/1.0\r\n\r\n")
+print(readall(s))
+`},
+		{"DEL in the fragment", pyRaw + `
+s = socket.create_connection(("web.test", 8000), timeout=5)
+s.sendall(b"GET /private/secret.txt#\x7f HTTP/1.0\r\n\r\n")
+print(readall(s))
+`},
+	}
+	for _, c := range cases {
+		out := egressPy(t, d, c.code)
+		if strings.Contains(out, "SECRET-DATA") || !strings.Contains(out, "HTTP/1.1 4") && !strings.Contains(out, "Error") {
+			t.Errorf("HOLE %s: /private/secret.txt was served, or nothing refused it:\n%s", c.name, out)
+		}
+	}
+	if t.Failed() {
+		logs := d.log()
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, `"msg":"connect"`) && strings.Contains(l, "8000") {
+				t.Log(l)
+			}
+		}
+	}
+}
+
+// TestAttack2EgressNodeSlots: one session's runs took every one of the
+// node's 1024 egress connections (4 runs at the per-run default of 256,
+// each merely holding idle connections), and another session's run could
+// open none. A session's runs now share one run's bound.
+func TestAttack2EgressNodeSlots(t *testing.T) {
+	n := newEgressNet(t)
+	n.serve(t)
+	h := openHome(t, "-")
+	h.t = t
+	hosts := h.write("config/hosts", egressHosts)
+	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1)) // the default, 256
+	h.write("config/policy.yaml", egressPolicy)
+	os.Chmod(h.path("workspace"), 0o777)
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(h.path("run"), 0o755)
+	d.openFor("s", nobody, dmCtx)
+	d.openFor("victim", nobody, dmCtx)
+	hog := `
+import socket, sys
+cs = []
+for i in range(256):
+    try:
+        cs.append(socket.create_connection(("echo.test", 7000), timeout=5))
+    except Exception as e:
+        print("conn", i, type(e).__name__, flush=True)
+        break
+print("holding", len(cs), flush=True)
+sys.stdin.readline()
+`
+	for i := 0; i < 4; i++ {
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--", "python3", "-u", "-c", hog)
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		cmd.Stderr = cmd.Stdout
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+		l, _ := bufio.NewReader(stdout).ReadString('\n')
+		t.Logf("session s, run %d: %s", i, strings.TrimSpace(l))
+	}
+	var st struct {
+		Egress struct {
+			Connections int `json:"connections"`
+			Max         int `json:"max_connections"`
+		} `json:"egress"`
+	}
+	d.call("status", map[string]any{}, &st)
+	t.Logf("status.egress: %d of %d", st.Egress.Connections, st.Egress.Max)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "victim", "--",
+		"curl", "-sS", "--max-time", "10", "--noproxy", "*", "http://web.test/x")
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "GET /x host=web.test") || st.Egress.Connections > 256 {
+		t.Errorf("HOLE: one session's runs hold %d of the node's %d egress connections; another session's run: %s", st.Egress.Connections, st.Egress.Max, out)
+	}
+}
+
+// TestAttack2EgressReachDuringDial: a reload that takes the servers'
+// network out of reach_private while the gateway is dialling it: Recheck
+// saw no dialled address yet and left the connection, which then carried
+// data to an address reach_private no longer listed. The dialled upstream
+// is now adopted under the lock Recheck excludes, its address checked
+// again. The dial is held up by a full accept queue (SYNs dropped until
+// the server accepts).
+func TestAttack2EgressReachDuringDial(t *testing.T) {
+	d, n := egressHomeNet(t)
+	flag := filepath.Join(t.TempDir(), "go")
+	srv := exec.Command("ip", "netns", "exec", n.ns, "python3", "-u", "-c", `
+import socket, os, sys, time
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("`+egressSrv+`", 7100))
+l.listen(0)
+print("listening", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+filler, _ = l.accept()
+c, _ = l.accept()
+c.sendall(b"banner\n")
+while True:
+    b = c.recv(100)
+    if not b:
+        break
+    c.sendall(b)
+`, flag)
+	srvOut, _ := srv.StdoutPipe()
+	srv.Stderr = os.Stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	bufio.NewReader(srvOut).ReadString('\n')
+	filler, err := net.Dial("tcp", egressSrv+":7100") // fills the accept queue
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
+		"python3", "-u", "-c", `
+import socket
+s = socket.create_connection(("echo.test", 7100), timeout=30)
+try:
+    print("got", s.recv(7), flush=True)
+    s.sendall(b"ping\n")
+    print("echo", s.recv(5), flush=True)
+except Exception as x:
+    print("cut", type(x).__name__, flush=True)
+`)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway is dialling once the host has a SYN-SENT socket to it
+	// (its SYNs dropped by the full queue).
+	for i := 0; ; i++ {
+		o, _ := exec.Command("ss", "-Htn", "state", "syn-sent", "dst", egressSrv+":7100").Output()
+		if strings.TrimSpace(string(o)) != "" {
+			t.Logf("the gateway is dialling: %s", strings.TrimSpace(string(o)))
+			break
+		}
+		if i > 200 {
+			t.Fatal("no dial")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rules := strings.Replace(egressRules(d.home.path("config/hosts")), `reach_private = ["10.231.0.0/24"]`, `reach_private = []`, 1)
+	d.home.write("config/conditions.toml", rules)
+	d.call("config.reload", map[string]any{}, nil)
+	t.Logf("reloaded: reach_private = []")
+	os.WriteFile(flag, nil, 0o644) // the server accepts: the next SYN gets through
+	cmd.Wait()
+	t.Logf("run: %s", out.String())
+	after := egressPy(t, d, `
+import socket
+try:
+    s = socket.create_connection(("echo.test", 7000), timeout=5)
+    print("new", s.recv(7))
+except Exception as x:
+    print("new refused", type(x).__name__)
+`)
+	t.Logf("a new connection after the reload: %s", after)
+	if strings.Contains(out.String(), "echo b'ping\\n'") || !strings.Contains(after, "new refused") {
+		t.Errorf("HOLE: a connection dialled across the reload carries data to an address reach_private no longer lists:\n%s\nafter: %s\n%s", out.String(), after, d.log())
+	}
+}

@@ -106,16 +106,8 @@ func initMain() int {
 		if err != nil {
 			return fail(err)
 		}
-		var fds []int
-		if link >= 0 {
-			fds = []int{link}
-		}
-		if err := ch.sendFiles(message{Op: opReady}, fds); err != nil {
+		if err := sendReady(ch, &link); err != nil {
 			return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
-		}
-		if link >= 0 {
-			unix.Close(link)
-			link = -1
 		}
 		if first {
 			go d.loop()
@@ -137,6 +129,21 @@ func initMain() int {
 			return code
 		}
 	}
+}
+
+// sendReady answers ready, handing over the egress link's socket with the
+// first one (and closing the init's copy: the command must never hold it).
+func sendReady(ch *channel, link *int) error {
+	var fds []int
+	if *link >= 0 {
+		fds = []int{*link}
+	}
+	err := ch.sendFiles(message{Op: opReady}, fds)
+	if *link >= 0 {
+		unix.Close(*link)
+		*link = -1
+	}
+	return err
 }
 
 // initFailed tells the daemon which step of the init failed, and how.

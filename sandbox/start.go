@@ -156,6 +156,17 @@ func Prepare(spec Spec) (*Run, error) {
 	if err := r.ch.send(message{Op: opSpec, Spec: is}); err != nil {
 		return fail(err)
 	}
+	if err := r.awaitReady(); err != nil {
+		return fail(err)
+	}
+	go r.readLoop()
+	go r.waitLoop()
+	return r, nil
+}
+
+// awaitReady waits for the init's first answer: ready (with the egress
+// link's socket when the network is "policy"), or the step that failed.
+func (r *Run) awaitReady() error {
 	got := make(chan reply, 1)
 	go func() {
 		m, err := r.ch.recv()
@@ -165,29 +176,27 @@ func Prepare(spec Spec) (*Run, error) {
 	case rp := <-got:
 		switch {
 		case rp.err != nil:
-			return fail(fmt.Errorf("init: %w", initGone(rp.err)))
+			return fmt.Errorf("init: %w", initGone(rp.err))
 		case rp.m.Op == opError:
-			return fail(fmt.Errorf("%s: %s", rp.m.Step, rp.m.Err))
+			return fmt.Errorf("%s: %s", rp.m.Step, rp.m.Err)
 		case rp.m.Op != opReady:
-			return fail(fmt.Errorf("init: unexpected %q", rp.m.Op))
+			return fmt.Errorf("init: unexpected %q", rp.m.Op)
 		}
 		fds := r.ch.takeFiles()
-		if spec.Network == "policy" && len(fds) == 1 {
+		if r.spec.Network == "policy" && len(fds) == 1 {
 			r.link = os.NewFile(uintptr(fds[0]), "egress-link")
 		} else {
 			for _, fd := range fds {
 				unix.Close(fd)
 			}
-			if spec.Network == "policy" {
-				return fail(errors.New("init: no egress link"))
+			if r.spec.Network == "policy" {
+				return errors.New("init: no egress link")
 			}
 		}
 	case <-time.After(startTimeout):
-		return fail(errors.New("init: no answer"))
+		return errors.New("init: no answer")
 	}
-	go r.readLoop()
-	go r.waitLoop()
-	return r, nil
+	return nil
 }
 
 type reply struct {

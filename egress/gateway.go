@@ -197,7 +197,7 @@ func (g *Gateway) start() error {
 	ep, err := fdbased.New(&fdbased.Options{FDs: []int{fd}, MTU: MTU, EthernetHeader: true,
 		Address: tcpip.LinkAddress(GatewayMAC), PacketDispatchMode: fdbased.RecvMMsg,
 		// The run's kernel leaves checksums to an offload a veth never does.
-		RXChecksumOffload: true})
+		RXChecksumOffload: true, GSOMaxSize: 65536})
 	if err != nil {
 		return fmt.Errorf("link: %w", err)
 	}

@@ -80,7 +80,13 @@ func linkUp(l *Link) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("packet socket: %w", err)
 	}
-	// The gateway must not read back what it sends.
+	// The gateway must not read back what it sends. Each frame carries a
+	// virtio-net header, so that checksums (and segmentation) are left to
+	// the kernel both ways.
+	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("packet socket: vnet header: %w", err)
+	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("packet socket: %w", err)

@@ -8,6 +8,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -54,6 +55,12 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 	if link == nil {
 		return nil, nil
 	}
+	sb := d.conditions.Load().Sandbox()
+	if sb == nil {
+		// A reload took [sandbox] away since the run was decided.
+		link.Close()
+		return nil, errors.New("conditions.toml has no [sandbox] table any more")
+	}
 	gw, err := egress.New(egress.Config{
 		Link: link,
 		// [sandbox] hosts as it is at each lookup (reloads apply).
@@ -68,8 +75,8 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 			sb := d.conditions.Load().Sandbox()
 			return sb != nil && sb.MayReachPrivate(a)
 		},
-		Connections: d.conditions.Load().Sandbox().Connections(),
-		Session:     sessionSlots(s, d.conditions.Load().Sandbox().Connections()),
+		Connections: sb.Connections(),
+		Session:     sessionSlots(s, sb.Connections()),
 		Node:        d.egressSlots,
 		Audit:       func(e egress.Event) { d.auditConnect(s, e) },
 		Log:         d.log,

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -301,7 +302,8 @@ func refusal(r Request, v Verdict, why string) string {
 	return s
 }
 
+// isEOF: the program ended the connection, or let it idle out, between
+// requests.
 func isEOF(err error) bool {
-	var ne net.Error
-	return err != nil && (err.Error() == "EOF" || errors.As(err, &ne) && ne.Timeout())
+	return errors.Is(err, io.EOF) || isTimeout(err)
 }

@@ -113,16 +113,8 @@ print("holding", len(cs), flush=True)
 sys.stdin.readline()
 `
 	for i := 0; i < 4; i++ {
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--", "python3", "-u", "-c", hog)
-		stdin, _ := cmd.StdinPipe()
-		stdout, _ := cmd.StdoutPipe()
-		cmd.Stderr = cmd.Stdout
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
-		l, _ := bufio.NewReader(stdout).ReadString('\n')
-		t.Logf("session s, run %d: %s", i, strings.TrimSpace(l))
+		_, line := egressLive(t, d, "s", hog)
+		t.Logf("session s, run %d: %s", i, line())
 	}
 	var st struct {
 		Egress struct {

@@ -246,6 +246,27 @@ func TestEgress(t *testing.T) {
 	}
 }
 
+// egressLive starts a Python program in a run of session, as uid 65534,
+// that the test talks to: its stdin, and a reader of its output's lines
+// ("" at its end). The run is ended with the test.
+func egressLive(t *testing.T, d *daemon, session, code string) (io.WriteCloser, func() string) {
+	t.Helper()
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", session, "--",
+		"python3", "-u", "-c", code)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	rd := bufio.NewReader(stdout)
+	return stdin, func() string {
+		l, _ := rd.ReadString('\n')
+		return strings.TrimSpace(l)
+	}
+}
+
 // egressPy runs a Python program in the run and returns its output.
 func egressPy(t *testing.T, d *daemon, code string) string {
 	t.Helper()
@@ -422,8 +443,7 @@ print("banners", ok)
 // denies before it returns; one it allows stays.
 func TestEgressCut(t *testing.T) {
 	d, _ := egressHomeNet(t)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--",
-		"python3", "-u", "-c", `
+	stdin, line := egressLive(t, d, "s", `
 import socket, sys, time
 e = socket.create_connection(("echo.test", 7000), timeout=30)
 w = socket.create_connection(("web.test", 80), timeout=30)
@@ -438,18 +458,6 @@ except Exception as x:
 w.sendall(b"GET /still HTTP/1.1\r\nHost: web.test\r\n\r\n")
 print("web", w.recv(4096).split(b"\r\n")[0].decode(), flush=True)
 `)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	rd := bufio.NewReader(stdout)
-	line := func() string {
-		l, _ := rd.ReadString('\n')
-		return strings.TrimSpace(l)
-	}
 	if l := line(); l != "banner" {
 		t.Fatalf("first line %q\n%s", l, d.log())
 	}
@@ -477,7 +485,9 @@ print("web", w.recv(4096).split(b"\r\n")[0].decode(), flush=True)
 	if l := line(); l != "web HTTP/1.1 200 OK" {
 		t.Errorf("the web connection after the switch: %q", l)
 	}
-	cmd.Wait()
+	if l := line(); l != "" {
+		t.Errorf("more output: %q", l)
+	}
 	d.within("the run's connections to be released", func() bool { return egressOpen() == 0 })
 	if !strings.Contains(d.log(), `"host":"echo.test","port":7000,"protocol":"tcp"`) || !strings.Contains(d.log(), `"refused":"cut: the context or the policy changed"`) {
 		t.Errorf("no cut in the audit log:\n%s", d.log())

@@ -63,6 +63,10 @@ type Config struct {
 	// WarmRuns bounds the sandboxes kept for sessions' next runs
 	// (warm.go); 0 builds each run's when it comes.
 	WarmRuns int
+	// EgressCapture is how runs whose network is "policy" reach their
+	// gateway: sandbox.CaptureKernel, sandbox.CaptureNetstack, or
+	// CaptureAuto (the kernel's where it has nftables NAT).
+	EgressCapture string
 	// StateDir holds sessions.json, the sessions restored after a crash;
 	// "" keeps no state.
 	StateDir string
@@ -107,6 +111,7 @@ type Daemon struct {
 	denials       denialLimiter
 	warm          *warmPool     // sandboxes of the next runs, built ahead (warm.go)
 	egressSlots   *egress.Slots // the node's bound on runs' open connections (egress.go)
+	egressStack   atomic.Pointer[string] // the capture the last gateway got
 
 	stopWatch func()
 }
@@ -145,6 +150,11 @@ func validSessionID(id string) bool {
 // New loads the config files (a file that fails to load is an error) and
 // opens the control socket.
 func New(cfg Config) (*Daemon, error) {
+	switch cfg.EgressCapture {
+	case sandbox.CaptureAuto, sandbox.CaptureKernel, sandbox.CaptureNetstack:
+	default:
+		return nil, fmt.Errorf("egress capture %q: want kernel, netstack or empty (the kernel's where it can)", cfg.EgressCapture)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -26,9 +26,9 @@ import (
 const nodeConnections = 1024
 
 // egressLink is the run's end of its gateway, as the sandbox builds it.
-func egressLink() *sandbox.Link {
+func (d *Daemon) egressLink() *sandbox.Link {
 	return &sandbox.Link{Addr: egress.RunAddr.String(), Peer: egress.GatewayAddr.String(),
-		PeerMAC: egress.GatewayMAC.String(), MTU: egress.MTU}
+		PeerMAC: egress.GatewayMAC.String(), MTU: egress.MTU, Capture: d.cfg.EgressCapture}
 }
 
 // proxyEnv puts the gateway's proxy variables in env, in place of any the
@@ -55,6 +55,9 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 	if link == nil {
 		return nil, nil
 	}
+	if link.Fallback != "" {
+		d.log.Warn("egress: the run's connections go through the netstack capture", "why", link.Fallback)
+	}
 	sb := d.conditions.Load().Sandbox()
 	if sb == nil {
 		// A reload took [sandbox] away since the run was decided.
@@ -62,7 +65,7 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 		return nil, errors.New("conditions.toml has no [sandbox] table any more")
 	}
 	gw, err := egress.New(egress.Config{
-		Link: link,
+		Stream: link.Stream, Datagram: link.Datagram, Packet: link.Packet,
 		// [sandbox] hosts as it is at each lookup (reloads apply).
 		Resolve: func(ctx context.Context, host string) ([]netip.Addr, error) {
 			hosts := ""
@@ -85,6 +88,8 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 		return nil, err
 	}
 	r.SetNet(gw)
+	stack := gw.Stack()
+	d.egressStack.Store(&stack)
 	return gw, nil
 }
 
@@ -163,5 +168,10 @@ func (d *Daemon) egressStatus() map[string]any {
 	if sb := d.conditions.Load().Sandbox(); sb != nil {
 		network = string(sb.Network())
 	}
-	return map[string]any{"network": network, "connections": d.egressSlots.InUse(), "max_connections": nodeConnections}
+	stack := ""
+	if p := d.egressStack.Load(); p != nil {
+		stack = *p
+	}
+	return map[string]any{"network": network, "connections": d.egressSlots.InUse(), "max_connections": nodeConnections,
+		"capture": d.cfg.EgressCapture, "stack": stack}
 }

@@ -197,7 +197,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if sb.Network() == acl.NetworkPolicy {
 		env = proxyEnv(env)
 	}
-	spec := runSpec(s, sb, p.Argv, env, cwd, allowed)
+	spec := d.runSpec(s, sb, p.Argv, env, cwd, allowed)
 	cmd := sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd, TTY: p.TTY, Rows: p.Rows, Cols: p.Cols}
 	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files, p.Roles)
 	if cerr != nil {
@@ -297,7 +297,7 @@ func (d *Daemon) decideRun(ctx context.Context, session string, roles, argv []st
 }
 
 // runSpec is the sandbox of s's run as the daemon builds it.
-func runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowed []string) sandbox.Spec {
+func (d *Daemon) runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowed []string) sandbox.Spec {
 	spec := sandbox.Spec{
 		Argv: argv, Env: env, Cwd: cwd,
 		UID: s.owner, GID: s.owner,
@@ -307,7 +307,7 @@ func runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowe
 		UserNS: os.Geteuid() != 0,
 	}
 	if sb.Network() == acl.NetworkPolicy {
-		spec.Link = egressLink()
+		spec.Link = d.egressLink()
 	}
 	if spec.UserNS {
 		// A daemon that is not root serves its own uid only, and runs as

@@ -14,16 +14,20 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 )
+
+// clientConn is the run's end of a connection: a kernel socket (the
+// kernel capture) or the stack's endpoint (netstack).
+type clientConn interface {
+	net.Conn
+	CloseWrite() error
+}
 
 // flow is one TCP connection of the run.
 type flow struct {
 	g       *Gateway
-	ep      tcpip.Endpoint
-	client  *gonet.TCPConn
+	client  clientConn
+	abort   func()                  // ends client with a reset
 	decided atomic.Pointer[Request] // what it was last allowed as
 
 	mu       sync.Mutex
@@ -55,7 +59,7 @@ func (f *flow) endLocked(reset bool) {
 	}
 	f.cutDone = true
 	if reset {
-		f.ep.Abort()
+		f.abort()
 	} else {
 		f.client.Close()
 	}
@@ -447,7 +451,7 @@ func (g *Gateway) dial(host string, port int) (net.Conn, netip.Addr, string) {
 // passed on as a half close. Nothing of the program's (src) goes upstream
 // unless clientGate allows it; nothing of upstream's (upSrc) is read before
 // upGate, when set, returns.
-func relay(client *gonet.TCPConn, src io.Reader, up net.Conn, upSrc io.Reader, clientGate func() bool, upGate func()) {
+func relay(client clientConn, src io.Reader, up net.Conn, upSrc io.Reader, clientGate func() bool, upGate func()) {
 	done := make(chan struct{}, 2)
 	go func() {
 		if clientGate() {

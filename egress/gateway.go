@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -12,16 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
-	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
-	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
-	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
-	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // Request is one decision's arguments: tool `connect`'s args.
@@ -67,10 +59,14 @@ type Event struct {
 
 // Config is a gateway's.
 type Config struct {
-	// Link is the gateway's end of the run's pair: an AF_PACKET socket
-	// bound to it. The gateway owns it from New on (closed by Close, and
-	// by New when it fails).
-	Link *os.File
+	// Stream and Datagram are the kernel capture's sockets in the run's
+	// network namespace (sandbox.CaptureKernel): a listening TCP socket
+	// that accepts every connection the run makes, and the UDP socket
+	// every DNS query reaches. Packet, when they are nil, is the netstack
+	// capture's AF_PACKET socket on the far end of the run's veth pair.
+	// The gateway owns them from New on (closed by Close, and by New when
+	// it fails).
+	Stream, Datagram, Packet *os.File
 	// Resolve looks up an allowed name; nil: the system's resolver.
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Reach reports whether [sandbox] reach_private admits a; nil: none.
@@ -132,19 +128,11 @@ func (s *Slots) give() {
 	}
 }
 
-// What one connection may hold in the stack: its windows toward and from
-// the run. Small enough that Connections of them stay a bounded cost
-// (docs/sandbox.md), large enough for the link's speed.
-const (
-	minBuffer     = 4 << 10
-	defaultBuffer = 64 << 10
-	maxBuffer     = 128 << 10
-)
-
 // Gateway is one run's egress gateway.
 type Gateway struct {
 	cfg    Config
-	stack  *stack.Stack
+	stack  *stack.Stack // the netstack capture's
+	front  []io.Closer  // the kernel capture's sockets
 	names  *names
 	decide atomic.Pointer[Decider]
 	host   hostAddrs
@@ -164,10 +152,12 @@ type Gateway struct {
 	closeOnce sync.Once
 }
 
-// New starts the gateway on cfg.Link. Until SetDecider, every connection
-// is denied.
+// New starts the gateway on cfg's sockets. Until SetDecider, every
+// connection is denied.
 func New(cfg Config) (*Gateway, error) {
-	if cfg.Link == nil {
+	kernel := cfg.Stream != nil && cfg.Datagram != nil
+	if !kernel && cfg.Packet == nil {
+		cfg.closeLink()
 		return nil, errors.New("egress: no link")
 	}
 	if cfg.Connections <= 0 {
@@ -184,62 +174,32 @@ func New(cfg Config) (*Gateway, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{cfg: cfg, names: newNames(), ctx: ctx, cancel: cancel, flows: map[*flow]struct{}{},
 		slots: make(chan struct{}, cfg.Connections), dns: make(chan struct{}, maxDNSFlows)}
-	if err := g.start(); err != nil {
+	start := g.startNetstack
+	if kernel {
+		start = g.startKernel
+	}
+	if err := start(); err != nil {
 		cancel()
-		cfg.Link.Close()
+		cfg.closeLink()
 		return nil, fmt.Errorf("egress: %w", err)
 	}
 	return g, nil
 }
 
-func (g *Gateway) start() error {
-	fd := int(g.cfg.Link.Fd())
-	ep, err := fdbased.New(&fdbased.Options{FDs: []int{fd}, MTU: MTU, EthernetHeader: true,
-		Address: tcpip.LinkAddress(GatewayMAC), PacketDispatchMode: fdbased.RecvMMsg,
-		// The run's kernel leaves checksums to an offload a veth never does.
-		RXChecksumOffload: true, GSOMaxSize: 65536})
-	if err != nil {
-		return fmt.Errorf("link: %w", err)
-	}
-	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
-	})
-	g.stack = s
-	fail := func(what string, e tcpip.Error) error {
-		s.Destroy()
-		return fmt.Errorf("%s: %s", what, e)
-	}
-	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuffer, Default: defaultBuffer, Max: maxBuffer}
-	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuffer, Default: defaultBuffer, Max: maxBuffer}
-	moderate := tcpip.TCPModerateReceiveBufferOption(false)
-	for _, o := range []tcpip.SettableTransportProtocolOption{&rcv, &snd, &moderate} {
-		if e := s.SetTransportProtocolOption(tcp.ProtocolNumber, o); e != nil {
-			return fail("buffers", e)
+func (c *Config) closeLink() {
+	for _, f := range []*os.File{c.Stream, c.Datagram, c.Packet} {
+		if f != nil {
+			f.Close()
 		}
 	}
-	// The handlers first: the NIC delivers from its creation on.
-	fwd := tcp.NewForwarder(s, 0, g.cfg.Connections, g.onTCP)
-	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
-	s.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(s, g.onUDP).HandlePacket)
-	if e := s.CreateNIC(nicID, ep); e != nil {
-		return fail("nic", e)
+}
+
+// Stack is the capture g serves: "kernel" or "netstack".
+func (g *Gateway) Stack() string {
+	if g.stack != nil {
+		return "netstack"
 	}
-	// Every destination is the gateway's to answer: promiscuous takes
-	// packets to any address, spoofing answers from it.
-	if e := s.SetPromiscuousMode(nicID, true); e != nil {
-		return fail("promiscuous", e)
-	}
-	if e := s.SetSpoofing(nicID, true); e != nil {
-		return fail("spoofing", e)
-	}
-	pa := tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber,
-		AddressWithPrefix: tcpip.AddrFrom4(GatewayAddr.As4()).WithPrefix()}
-	if e := s.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); e != nil {
-		return fail("address", e)
-	}
-	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
-	return nil
+	return "kernel"
 }
 
 // SetDecider sets how the run's connections are decided from now on (a
@@ -251,7 +211,7 @@ func (g *Gateway) SetDecider(d Decider) {
 	g.mu.Unlock()
 }
 
-// Close ends every connection and the stack, and closes the link.
+// Close ends every connection and the capture, and closes the link.
 func (g *Gateway) Close() error {
 	g.closeOnce.Do(func() {
 		g.cancel()
@@ -260,9 +220,14 @@ func (g *Gateway) Close() error {
 			f.cut()
 		}
 		g.mu.Unlock()
-		g.stack.Destroy()
+		for _, c := range g.front {
+			c.Close()
+		}
+		if g.stack != nil {
+			g.stack.Destroy()
+		}
 		g.wg.Wait()
-		g.cfg.Link.Close()
+		g.cfg.closeLink()
 	})
 	return nil
 }
@@ -352,57 +317,49 @@ func (g *Gateway) audit(e Event) {
 	}
 }
 
-// onTCP takes every TCP connection the run opens.
-func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
-	id := r.ID()
+// admit takes a slot of the run's, the session's and the node's bounds
+// for a new connection; release gives them back. false: over one of them
+// (the connection is reset).
+func (g *Gateway) admit() (release func(), ok bool) {
 	select {
 	case g.slots <- struct{}{}:
 	default:
-		r.Complete(true) // over [sandbox] connections: reset
-		return
+		return nil, false // over [sandbox] connections
 	}
 	if !g.cfg.Session.take() {
 		<-g.slots
-		r.Complete(true) // over the session's bound: reset
-		return
+		return nil, false
 	}
 	if !g.cfg.Node.take() {
 		g.cfg.Session.give()
 		<-g.slots
-		r.Complete(true) // over the node's bound: reset
-		return
+		return nil, false
 	}
-	release := func() {
+	return func() {
 		g.cfg.Node.give()
 		g.cfg.Session.give()
 		<-g.slots
-	}
-	var wq waiter.Queue
-	ep, e := r.CreateEndpoint(&wq)
-	if e != nil {
-		release()
-		r.Complete(true)
-		return
-	}
-	r.Complete(false)
-	f := &flow{g: g, ep: ep, client: gonet.NewTCPConn(&wq, ep)}
+	}, true
+}
+
+// serveFlow records f and serves it, to dst:port, in a goroutine of its
+// own; false (nothing started) when the gateway is closed.
+func (g *Gateway) serveFlow(f *flow, dst netip.Addr, port int, release func()) bool {
 	g.mu.Lock()
 	if g.ctx.Err() != nil {
 		g.mu.Unlock()
-		ep.Abort()
-		release()
-		return
+		return false
 	}
 	g.flows[f] = struct{}{}
 	g.wg.Add(1)
 	g.mu.Unlock()
-	dst := netip.AddrFrom4(id.LocalAddress.As4())
 	go func() {
 		defer g.wg.Done()
 		defer release()
 		defer g.forget(f)
-		f.serve(dst, int(id.LocalPort))
+		f.serve(dst, port)
 	}()
+	return true
 }
 
 func (g *Gateway) forget(f *flow) {
@@ -410,44 +367,4 @@ func (g *Gateway) forget(f *flow) {
 	delete(g.flows, f)
 	g.mu.Unlock()
 	f.end()
-}
-
-// onUDP takes every UDP datagram the run sends: DNS (port 53, to any
-// server) is answered by the run's resolver; the rest goes nowhere.
-func (g *Gateway) onUDP(r *udp.ForwarderRequest) bool {
-	id := r.ID()
-	if id.LocalPort != 53 {
-		return true // handled: dropped
-	}
-	select {
-	case g.dns <- struct{}{}:
-	default:
-		return true
-	}
-	var wq waiter.Queue
-	ep, e := r.CreateEndpoint(&wq)
-	if e != nil {
-		<-g.dns
-		return true
-	}
-	c := gonet.NewUDPConn(&wq, ep)
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		defer func() { <-g.dns }()
-		defer c.Close()
-		buf := make([]byte, 4096)
-		for {
-			// One exchange serves a resolver's A and AAAA and retries.
-			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			n, err := c.Read(buf)
-			if err != nil || g.ctx.Err() != nil {
-				return
-			}
-			if a := g.answer(buf[:n]); a != nil {
-				_, _ = c.Write(a)
-			}
-		}
-	}()
-	return true
 }

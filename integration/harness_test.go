@@ -143,6 +143,10 @@ func startDaemonUnder(t testing.TB, h *home, wrapper []string, extra ...string) 
 		// make test runs the no-stale tests on both kinds of connection.
 		args = append(args, "--connections="+c)
 	}
+	if c := os.Getenv("CONDFS_TEST_EGRESS_CAPTURE"); c != "" {
+		// make test runs the egress tests on both captures.
+		args = append(args, "--egress-capture="+c)
+	}
 	args = append(args, extra...)
 	args = append([]string{condfsBin}, args...)
 	args = append(wrapper, args...)

@@ -79,9 +79,10 @@ func initMain() int {
 	if err != nil {
 		return fail(err)
 	}
-	link := -1 // the gateway's socket, handed over with the first ready
+	var link []int // the gateway's sockets, handed over with the first ready
+	var fallback string
 	if is.Spec.Network == "policy" {
-		if link, err = linkUp(is.Spec.Link); err != nil {
+		if link, fallback, err = netUp(is.Spec.Link); err != nil {
 			return fail(step("egress link", err))
 		}
 	}
@@ -106,9 +107,10 @@ func initMain() int {
 		if err != nil {
 			return fail(err)
 		}
-		if err := sendReady(ch, &link); err != nil {
+		if err := sendReady(ch, &link, fallback); err != nil {
 			return exitInitFailed // the daemon is gone: Pdeathsig ends us anyway
 		}
+		fallback = ""
 		if first {
 			go d.loop()
 		}
@@ -131,18 +133,15 @@ func initMain() int {
 	}
 }
 
-// sendReady answers ready, handing over the egress link's socket with the
-// first one (and closing the init's copy: the command must never hold it).
-func sendReady(ch *channel, link *int) error {
-	var fds []int
-	if *link >= 0 {
-		fds = []int{*link}
+// sendReady answers ready, handing over the egress link's sockets (and
+// why the kernel capture was not built, when it was not) with the first
+// one, and closing the init's copies: the command must never hold them.
+func sendReady(ch *channel, link *[]int, fallback string) error {
+	err := ch.sendFiles(message{Op: opReady, Err: fallback}, *link)
+	for _, fd := range *link {
+		unix.Close(fd)
 	}
-	err := ch.sendFiles(message{Op: opReady}, fds)
-	if *link >= 0 {
-		unix.Close(*link)
-		*link = -1
-	}
+	*link = nil
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -19,6 +20,9 @@ type Link struct {
 	Addr, Peer string // IPv4 addresses
 	PeerMAC    string
 	MTU        int
+	// Capture is how the run's connections reach the gateway: CaptureKernel
+	// (capture.go), CaptureNetstack (the pair above), or CaptureAuto.
+	Capture string
 }
 
 // The pair's names inside the run.
@@ -37,7 +41,67 @@ func (l *Link) validate() error {
 	if err1 != nil || err2 != nil || err3 != nil || !a.Is4() || !p.Is4() || l.MTU < 1280 || l.MTU > 65535 {
 		return fmt.Errorf("link %+v: want two IPv4 addresses, a MAC and an MTU", *l)
 	}
+	switch l.Capture {
+	case CaptureAuto, CaptureKernel, CaptureNetstack:
+		return nil
+	}
+	return fmt.Errorf("link capture %q: want kernel, netstack or none", l.Capture)
+}
+
+// Ends are the sockets of a run's egress link, as the init hands them over:
+// Stream and Datagram for the kernel capture (every TCP connection the run
+// makes is accepted on Stream; every DNS query arrives on Datagram), or
+// Packet for the netstack pair. Fallback says why the kernel capture was
+// not built when the link's Capture left the choice to the kernel.
+type Ends struct {
+	Stream, Datagram *os.File
+	Packet           *os.File
+	Fallback         string
+}
+
+func newEnds(fds []int, fallback string) (*Ends, error) {
+	switch len(fds) {
+	case 1:
+		return &Ends{Packet: os.NewFile(uintptr(fds[0]), "egress-packet"), Fallback: fallback}, nil
+	case 2:
+		return &Ends{Stream: os.NewFile(uintptr(fds[0]), "egress-stream"),
+			Datagram: os.NewFile(uintptr(fds[1]), "egress-datagram")}, nil
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	return nil, errors.New("no egress link")
+}
+
+// Close closes the sockets e still holds.
+func (e *Ends) Close() error {
+	for _, f := range []*os.File{e.Stream, e.Datagram, e.Packet} {
+		if f != nil {
+			f.Close()
+		}
+	}
 	return nil
+}
+
+// netUp builds the run's way to its gateway as l.Capture says, and returns
+// the sockets the gateway serves (the init passes them to the daemon and
+// closes them): the listening TCP socket and the UDP socket of the kernel
+// capture, or the packet socket of the pair. With CaptureAuto, why the
+// kernel capture could not be built, when the kernel has no nftables NAT
+// (a failure after that is the run's: nothing is half built).
+func netUp(l *Link) (fds []int, why string, err error) {
+	if l.Capture != CaptureNetstack {
+		fds, err := captureUp(l)
+		if err == nil || l.Capture == CaptureKernel || !errors.Is(err, errNoNAT) {
+			return fds, "", err
+		}
+		why = "kernel capture: " + err.Error()
+	}
+	fd, err := linkUp(l)
+	if err != nil {
+		return nil, why, err
+	}
+	return []int{fd}, why, nil
 }
 
 // linkUp builds l in the init's network namespace and returns the socket

@@ -38,7 +38,7 @@ type Run struct {
 	// indexed is when the index of the host's programs it covers was
 	// taken (programs.go).
 	indexed time.Time
-	link    *os.File  // Network "policy": the gateway's socket, until taken
+	link    *Ends     // Network "policy": the gateway's sockets, until taken
 	net     io.Closer // what serves it (SetNet): closed with the run
 	netGone bool      // the run has ended: SetNet closes at once
 
@@ -183,16 +183,17 @@ func (r *Run) awaitReady() error {
 			return fmt.Errorf("init: unexpected %q", rp.m.Op)
 		}
 		fds := r.ch.takeFiles()
-		if r.spec.Network == "policy" && len(fds) == 1 {
-			r.link = os.NewFile(uintptr(fds[0]), "egress-link")
-		} else {
+		if r.spec.Network != "policy" {
 			for _, fd := range fds {
 				unix.Close(fd)
 			}
-			if r.spec.Network == "policy" {
-				return errors.New("init: no egress link")
-			}
+			return nil
 		}
+		ends, err := newEnds(fds, rp.m.Err)
+		if err != nil {
+			return fmt.Errorf("init: %w", err)
+		}
+		r.link = ends
 	case <-time.After(startTimeout):
 		return errors.New("init: no answer")
 	}
@@ -292,7 +293,9 @@ func sysProcAttr(spec *Spec) *syscall.SysProcAttr {
 		a.GidMappingsEnableSetgroups = false
 		a.AmbientCaps = []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP}
 		if spec.Network == "policy" {
-			a.AmbientCaps = append(a.AmbientCaps, unix.CAP_NET_RAW) // the gateway's packet socket
+			// The netstack capture's packet socket; the kernel capture's
+			// sockets at port 1, which no program of the run's takes.
+			a.AmbientCaps = append(a.AmbientCaps, unix.CAP_NET_RAW, unix.CAP_NET_BIND_SERVICE)
 		}
 	}
 	return a
@@ -509,9 +512,9 @@ func (r *Run) Ended() bool {
 	}
 }
 
-// TakeLink hands over the socket of the run's egress link (Network
-// "policy"; nil otherwise, or when taken): the gateway serves it.
-func (r *Run) TakeLink() *os.File {
+// TakeLink hands over the sockets of the run's egress link (Network
+// "policy"; nil otherwise, or when taken): the gateway serves them.
+func (r *Run) TakeLink() *Ends {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l := r.link

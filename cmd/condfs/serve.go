@@ -63,6 +63,7 @@ unmount every view and remove the socket.`, stderr)
 	fs.StringVar(&f.stateDir, "state-dir", "", "where sessions are kept across crashes and restarts (default: the socket's directory; \"none\" keeps none)")
 	fs.StringVar(&f.connections, "connections", defaultConnections(), "shared: one FUSE connection serves every session, each view a bind mount of it (root only; threads stay bounded at thousands of sessions); per-session: a connection per view")
 	fs.StringVar(&f.hubDir, "hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
+	fs.StringVar(&f.egressCapture, "egress-capture", "", `how runs with network "policy" reach the egress gateway: "kernel" (nftables in the run's namespace), "netstack" (a veth pair and a user-space stack), or "" (the kernel's where it has nftables NAT)`)
 	fs.IntVar(&f.warmRuns, "warm-runs", 16, "sandboxes kept for the next condfs run of sessions that run commands in a row (each: an idle init, its cgroup, a clone of the view; 0: none)")
 	fs.IntVar(&f.maxSessions, "max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits)")
 	fs.DurationVar(&f.cacheTTL, "cache-ttl", time.Minute, "how long the kernel may cache entries and attributes no rule governs; inotify on the backing trees keeps them fresh (1s: everything cached for a second, no inotify; use it for backing trees on network filesystems)")
@@ -107,6 +108,7 @@ type serveFlags struct {
 	connections    string
 	hubDir         string
 	warmRuns       int
+	egressCapture  string
 	maxSessions    int
 	cacheTTL       time.Duration
 	metricsAddr    string
@@ -234,7 +236,7 @@ func (f *serveFlags) configure(fs *pflag.FlagSet, stderr io.Writer, level slog.L
 		Socket: f.socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: f.allowOther, AllowHardlinks: f.allowHardlinks,
 		MountRoot: f.mountRoot, MaxConns: f.maxConns, MaxConnsPerUID: f.maxConnsPerUID, StateDir: f.stateDir,
-		HubDir: f.hubDir, MaxSessions: f.maxSessions, WarmRuns: f.warmRuns, Metrics: f.metricsAddr, CacheTTL: f.cacheTTL,
+		HubDir: f.hubDir, MaxSessions: f.maxSessions, WarmRuns: f.warmRuns, EgressCapture: f.egressCapture, Metrics: f.metricsAddr, CacheTTL: f.cacheTTL,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

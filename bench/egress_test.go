@@ -9,9 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/condfs/condfs/control"
 )
 
 // egressClient is one program for both sides, so that both are timed the
@@ -56,10 +53,12 @@ else:
 `
 
 // BenchmarkEgress: a run's connections through the egress gateway
-// (network = "policy": the run's veth pair, gVisor's stack, the policy's
-// connect decision, the daemon's dial) against the same client on the host
-// connecting directly, in one run: connection setup, a 256 MiB transfer and
-// 256 connections at once. Root.
+// (network = "policy": the capture, the policy's connect decision, the
+// daemon's dial, the relay), on each capture (kernel: nftables in the
+// run's namespace, kernel TCP both ways; netstack: a veth pair and
+// gVisor's stack), against the same client on the host connecting
+// directly, in one run: connection setup, a 256 MiB transfer and 256
+// connections at once. Root.
 //
 //	cd bench && go test -run '^$' -bench Egress -benchtime 3x
 func BenchmarkEgress(b *testing.B) {
@@ -73,26 +72,17 @@ func BenchmarkEgress(b *testing.B) {
 	defer ln.Close()
 	go serveEgressBench(ln)
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-
-	dir := b.TempDir()
-	bin := filepath.Join(dir, "condfs")
-	if err := build("..", "./cmd/condfs", bin); err != nil {
-		b.Fatal(err)
-	}
-	root := filepath.Join(dir, "home")
-	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace", "mnt"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
-	}
-	os.WriteFile(filepath.Join(root, "config/hosts"), []byte("127.0.0.1 srv.bench\n"), 0o644)
-	os.WriteFile(filepath.Join(root, "config/conditions.toml"), []byte(`[sandbox]
+	hosts := filepath.Join(b.TempDir(), "hosts")
+	os.WriteFile(hosts, []byte("127.0.0.1 srv.bench\n"), 0o644)
+	conditions := `[sandbox]
 binaries = ["/usr/bin/python3"]
 network = "policy"
 connections = 300
 pids = 64
 reach_private = ["127.0.0.1"]
-hosts = "`+filepath.Join(root, "config/hosts")+`"
-`), 0o644)
-	os.WriteFile(filepath.Join(root, "config/policy.yaml"), []byte(`version: 1
+hosts = "` + hosts + `"
+`
+	policy := `version: 1
 roles:
   default:
     tools:
@@ -100,71 +90,53 @@ roles:
       connect:
         mode: allow
         constraints: ['args.host == "srv.bench"', 'args.protocol == "tcp"']
-`), 0o644)
-	os.WriteFile(filepath.Join(root, "workspace/client.py"), []byte(egressClient), 0o644)
-	sock := filepath.Join(root, "run/condfs.sock")
-	d := exec.Command(bin, "serve", "--root", root, "--socket", sock, "--log-level", "error", "--audit", filepath.Join(dir, "audit.log"))
-	d.Stderr = os.Stderr
-	if err := d.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { d.Process.Signal(os.Interrupt); d.Wait() }()
-	var c *control.Client
-	for i := 0; ; i++ {
-		if c, err = control.Dial(sock); err == nil {
-			break
-		}
-		if i > 500 {
-			b.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	defer c.Close()
-	if err := c.Call("session.open", map[string]any{"id": "s", "mount": filepath.Join(root, "mnt/s"), "context": []string{"internal"}}, nil); err != nil {
-		b.Fatal(err)
-	}
-	client := func(through bool, args ...string) float64 {
-		b.Helper()
-		argv := append([]string{"python3", filepath.Join(root, "workspace/client.py"), "127.0.0.1", port}, args...)
-		if through {
-			argv = append([]string{bin, "run", "--socket", sock, "--session", "s", "--", "python3", "/workspace/client.py", "srv.bench", port}, args...)
-		}
-		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-		v, perr := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
-		if err != nil || perr != nil || v < 0 {
-			b.Fatalf("%v: %v %s", argv, err, out)
-		}
-		return v
-	}
-	const bulk = 256 << 20
-	b.Run("setup", func(b *testing.B) {
-		var direct, gw float64
-		for b.Loop() {
-			direct += client(false, "setup", "200")
-			gw += client(true, "setup", "200")
-		}
-		n := float64(b.N)
-		b.ReportMetric(direct/n, "direct-us")
-		b.ReportMetric(gw/n, "gateway-us")
-		b.ReportMetric((gw-direct)/n, "added-us")
-	})
-	b.Run("bulk-256MiB", func(b *testing.B) {
-		var direct, gw float64
-		for b.Loop() {
-			direct += client(false, "bulk", strconv.Itoa(bulk))
-			gw += client(true, "bulk", strconv.Itoa(bulk))
-		}
-		b.ReportMetric(bulk/direct/float64(1<<20)*float64(b.N), "direct-MiB/s")
-		b.ReportMetric(bulk/gw/float64(1<<20)*float64(b.N), "gateway-MiB/s")
-		b.ReportMetric(direct/gw, "ratio")
-	})
-	b.Run("concurrent-256", func(b *testing.B) {
-		for b.Loop() {
-			if got := client(true, "many", "256"); got != 256 {
-				b.Fatalf("%v of 256 connections answered", got)
+`
+	for _, capture := range []string{"kernel", "netstack"} {
+		h := newRunHome(b, conditions, policy, "--egress-capture", capture)
+		os.WriteFile(filepath.Join(h.root, "workspace/client.py"), []byte(egressClient), 0o644)
+		client := func(through bool, args ...string) float64 {
+			b.Helper()
+			argv := append([]string{"python3", filepath.Join(h.root, "workspace/client.py"), "127.0.0.1", port}, args...)
+			if through {
+				argv = append(h.run("python3", "/workspace/client.py", "srv.bench", port), args...)
 			}
+			out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+			v, perr := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+			if err != nil || perr != nil || v < 0 {
+				b.Fatalf("%v: %v %s", argv, err, out)
+			}
+			return v
 		}
-	})
+		const bulk = 256 << 20
+		b.Run(capture+"/setup", func(b *testing.B) {
+			var direct, gw float64
+			for b.Loop() {
+				direct += client(false, "setup", "200")
+				gw += client(true, "setup", "200")
+			}
+			n := float64(b.N)
+			b.ReportMetric(direct/n, "direct-us")
+			b.ReportMetric(gw/n, "gateway-us")
+			b.ReportMetric((gw-direct)/n, "added-us")
+		})
+		b.Run(capture+"/bulk-256MiB", func(b *testing.B) {
+			var direct, gw float64
+			for b.Loop() {
+				direct += client(false, "bulk", strconv.Itoa(bulk))
+				gw += client(true, "bulk", strconv.Itoa(bulk))
+			}
+			b.ReportMetric(bulk/direct/float64(1<<20)*float64(b.N), "direct-MiB/s")
+			b.ReportMetric(bulk/gw/float64(1<<20)*float64(b.N), "gateway-MiB/s")
+			b.ReportMetric(direct/gw, "ratio")
+		})
+		b.Run(capture+"/concurrent-256", func(b *testing.B) {
+			for b.Loop() {
+				if got := client(true, "many", "256"); got != 256 {
+					b.Fatalf("%v of 256 connections answered", got)
+				}
+			}
+		})
+	}
 }
 
 // serveEgressBench: 0 echoes one byte; 1 sends 256 MiB.

@@ -3,11 +3,8 @@ package bench
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/condfs/condfs/control"
 )
 
 // BenchmarkRun: the cost of one command, /bin/true, three ways in one run:
@@ -21,38 +18,8 @@ func BenchmarkRun(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("condfs run's benchmark needs root (it mounts a view)")
 	}
-	dir := b.TempDir()
-	bin := filepath.Join(dir, "condfs")
-	if err := build("..", "./cmd/condfs", bin); err != nil {
-		b.Fatal(err)
-	}
-	root := filepath.Join(dir, "home")
-	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace", "mnt"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
-	}
-	os.WriteFile(filepath.Join(root, "config/conditions.toml"), []byte("[sandbox]\nbinaries = [\"/usr/bin/true\", \"/bin/true\"]\n"), 0o644)
-	os.WriteFile(filepath.Join(root, "config/policy.yaml"), []byte("version: 1\nroles:\n  default:\n    tools:\n      exec: {mode: allow}\n"), 0o644)
-	sock := filepath.Join(root, "run/condfs.sock")
-	d := exec.Command(bin, "serve", "--root", root, "--socket", sock, "--log-level", "error")
-	if err := d.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { d.Process.Signal(os.Interrupt); d.Wait() }()
-	var c *control.Client
-	for i := 0; ; i++ {
-		var err error
-		if c, err = control.Dial(sock); err == nil {
-			break
-		}
-		if i > 500 {
-			b.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	defer c.Close()
-	if err := c.Call("session.open", map[string]any{"id": "s", "mount": filepath.Join(root, "mnt/s"), "context": []string{"internal"}}, nil); err != nil {
-		b.Fatal(err)
-	}
+	h := newRunHome(b, "[sandbox]\nbinaries = [\"/usr/bin/true\", \"/bin/true\"]\n",
+		"version: 1\nroles:\n  default:\n    tools:\n      exec: {mode: allow}\n")
 	// Two paces: back to back, and with 50 ms between commands (not
 	// timed), as an agent that reads each result before the next one
 	// runs: condfs then begins each command in a sandbox built during the
@@ -86,7 +53,7 @@ func BenchmarkRun(b *testing.B) {
 			})
 		}
 		b.Run(pace.name+"/condfs-run", func(b *testing.B) {
-			each(b, pace.gap, bin, "run", "--socket", sock, "--session", "s", "--", "/bin/true")
+			each(b, pace.gap, h.run("/bin/true")...)
 		})
 	}
 }

@@ -1,13 +1,14 @@
 // Package egress is the egress gateway of a run whose network is "policy"
 // (docs/sandbox.md, "Network"): the run's only way out.
 //
-// The run has its own network namespace with one veth pair; the sandbox's
-// init hands the gateway an AF_PACKET socket on the pair's far end, and a
-// user-space TCP/IP stack (gVisor's tcpip) serves it there, in the
-// daemon. Every TCP connection the run makes, to any address and port,
-// ends in that stack; so does every DNS query, to any server. Nothing is
-// routed: a connection reaches a host only when the gateway has decided it
-// and dialled the host itself.
+// The run has its own network namespace, and one of two captures brings
+// every TCP connection it makes, to any address and port, and every DNS
+// query, to any server, to the gateway: the kernel capture (kernel.go:
+// nftables rules of the run's namespace rewrite them to two sockets the
+// sandbox's init hands over) or the netstack capture (netstack.go: a veth
+// pair whose far end is an AF_PACKET socket served by gVisor's tcpip
+// stack). Nothing is routed: a connection reaches a host only when the
+// gateway has decided it and dialled the host itself.
 //
 //   - The run's resolver (any server, port 53) answers every name with an
 //     address of its own (198.18.0.0/16), which stands for that name; no

@@ -109,8 +109,8 @@ type Daemon struct {
 	restored      int // sessions restored at start
 	closing       atomic.Bool
 	denials       denialLimiter
-	warm          *warmPool     // sandboxes of the next runs, built ahead (warm.go)
-	egressSlots   *egress.Slots // the node's bound on runs' open connections (egress.go)
+	warm          *warmPool              // sandboxes of the next runs, built ahead (warm.go)
+	egressSlots   *egress.Slots          // the node's bound on runs' open connections (egress.go)
 	egressStack   atomic.Pointer[string] // the capture the last gateway got
 
 	stopWatch func()

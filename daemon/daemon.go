@@ -147,13 +147,13 @@ func validSessionID(id string) bool {
 	return true
 }
 
-// New loads the config files (a file that fails to load is an error) and
-// opens the control socket.
-func New(cfg Config) (*Daemon, error) {
+// withDefaults checks what New cannot start without and fills in what
+// was left unset.
+func (cfg Config) withDefaults() (Config, error) {
 	switch cfg.EgressCapture {
 	case sandbox.CaptureAuto, sandbox.CaptureKernel, sandbox.CaptureNetstack:
 	default:
-		return nil, fmt.Errorf("egress capture %q: want kernel, netstack or empty (the kernel's where it can)", cfg.EgressCapture)
+		return cfg, fmt.Errorf("egress capture %q: want kernel, netstack or empty (the kernel's where it can)", cfg.EgressCapture)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -166,6 +166,16 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.MountRoot == "" {
 		cfg.MountRoot = "/run/condfs/views"
+	}
+	return cfg, nil
+}
+
+// New loads the config files (a file that fails to load is an error) and
+// opens the control socket.
+func New(cfg Config) (*Daemon, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, audit: cfg.Audit,

@@ -229,6 +229,9 @@ func TestEgress(t *testing.T) {
 			t.Errorf("%s: exit %d, want %v, %q not in\n%s", c.name, code, c.ok, c.want, out)
 		}
 	}
+	if out, code := run("/bin/sh", "-c", noCapsScript); code != 0 || strings.TrimSpace(out) != noCaps {
+		t.Errorf("the command's capabilities: exit %d\n%s\nwant\n%s", code, out, noCaps)
+	}
 	logs := d.log()
 	for _, want := range []string{
 		`"host":"web.test","port":443,"protocol":"https","decision":"deny","reasons":["the client hello names \"api.test\", not \"web.test\""]`,
@@ -245,6 +248,13 @@ func TestEgress(t *testing.T) {
 		t.Log(logs)
 	}
 }
+
+// noCapsScript prints the command's capability sets and no_new_privs; a
+// run of network "policy" gets its init extra capabilities (the capture's
+// sockets), and none of them may reach the command.
+const noCapsScript = `while read k v; do case $k in Cap*|NoNewPrivs:) echo $k $v;; esac; done </proc/self/status`
+
+const noCaps = "CapInh: 0000000000000000\nCapPrm: 0000000000000000\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\nCapAmb: 0000000000000000\nNoNewPrivs: 1"
 
 // egressLive starts a Python program in a run of session, as uid 65534,
 // that the test talks to: its stdin, and a reader of its output's lines
@@ -366,6 +376,36 @@ for kind in (socket.SOCK_RAW, socket.SOCK_DGRAM):
     except Exception as e:
         print("none", type(e).__name__)
 `, "none"},
+		{"other families and protocols: IPv6, v4-mapped, the capture's own socket, UDP-Lite", `
+import socket, struct
+srv = "` + egressSrv + `"
+q = struct.pack(">HHHHHH", 7, 0x100, 1, 0, 0, 0) + b"\x03web\x04test\x00" + struct.pack(">HH", 1, 1)
+def v6():
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect(("2001:db8::1", 80))
+    return True
+def mapped():
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(("::ffff:" + srv, 80))
+    s.sendall(b"GET / HTTP/1.1\r\nHost: " + srv.encode() + b"\r\n\r\n")
+    return not s.recv(100).startswith(b"HTTP/1.1 403 Forbidden")
+def capture():
+    s = socket.create_connection(("127.255.0.1", 1), timeout=3)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
+    return s.recv(100) != b""
+def udplite():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136)
+    u.settimeout(1)
+    u.sendto(q, (srv, 53))
+    return u.recv(100) != b""
+for name, f in (("v6", v6), ("mapped", mapped), ("capture", capture), ("udplite", udplite)):
+    try:
+        print("escaped" if f() else "held", name)
+    except Exception as e:
+        print("held", name)
+`, "held v6\nheld mapped\nheld capture\nheld udplite"},
 		{"a malformed proxy request", `
 import socket
 s = socket.create_connection(("198.19.0.1", 3128), timeout=5)
@@ -539,6 +579,11 @@ func TestEgressUnprivilegedDaemon(t *testing.T) {
 		if out, _ := run(c.args...); !strings.Contains(out, c.want) {
 			t.Errorf("%v: %q not in\n%s", c.args, c.want, out)
 		}
+	}
+	// The init of this path holds capabilities in its namespace (to
+	// build the root and the capture); the command holds none.
+	if out, code := run("/bin/sh", "-c", noCapsScript); code != 0 || strings.TrimSpace(out) != noCaps {
+		t.Errorf("the command's capabilities: exit %d\n%s\nwant\n%s", code, out, noCaps)
 	}
 	if t.Failed() {
 		t.Log(logs())

@@ -53,10 +53,20 @@ const (
 const cloneNewFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC |
 	unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET
 
+// socketFamilies are the address families socket(2) and socketpair(2)
+// may create; any other answers EAFNOSUPPORT, as from a kernel without it.
+// A network namespace isolates these four (netlink: the run's own, which
+// glibc's getaddrinfo reads); it does not isolate every family: an
+// attacker's review bound AF_VSOCK ports of the host's own port space
+// from a run, and could have reached the hypervisor (CID 2) with no
+// decision.
+var socketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
 const (
-	retAllow  = unix.SECCOMP_RET_ALLOW
-	retEPERM  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
-	retENOSYS = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+	retAllow        = unix.SECCOMP_RET_ALLOW
+	retEPERM        = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+	retENOSYS       = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+	retEAFNOSUPPORT = unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT)
 
 	// Offsets in struct seccomp_data (little endian).
 	offNr       = 0
@@ -99,7 +109,8 @@ var filterProgram = sync.OnceValues(func() ([]unix.SockFilter, error) {
 // every namespace flag of clone is below bit 32); clone3 is ENOSYS; each
 // refused number is EPERM; mmap, mprotect, pkey_mprotect, shmat and
 // personality are decided on their protection or flags (W^X, above);
-// everything else is allowed. The kernel's seccomp action cache then skips
+// socket and socketpair on their family (socketFamilies); everything else
+// is allowed. The kernel's seccomp action cache then skips
 // the filter for every allowed syscall but those decided on arguments.
 func buildFilter() ([]bpf.Instruction, error) {
 	const (
@@ -134,6 +145,10 @@ func buildFilter() ([]bpf.Instruction, error) {
 	cond(bpf.JumpEqual, unix.SYS_SHMAT, 0)
 	personality := len(jumps)
 	cond(bpf.JumpEqual, unix.SYS_PERSONALITY, 0)
+	socket := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_SOCKET, 0)
+	socketpair := len(jumps)
+	cond(bpf.JumpEqual, unix.SYS_SOCKETPAIR, 0)
 	cond(bpf.JumpEqual, unix.SYS_CLONE3, toENOSYS)
 	for _, sc := range refusedEPERM {
 		cond(bpf.JumpEqual, sc.nr, toEPERM)
@@ -174,6 +189,16 @@ func buildFilter() ([]bpf.Instruction, error) {
 	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
 	cond(bpf.JumpEqual, personaQuery, toAllow)
 	cond(bpf.JumpBitsSet, readImpliesExec, toEPERM)
+	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	// socket and socketpair(domain, ...): only socketFamilies (the kernel
+	// reads domain as int: the low 32 bits).
+	jumps[socket].to = len(prog)
+	jumps[socketpair].to = len(prog)
+	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
+	for _, f := range socketFamilies {
+		cond(bpf.JumpEqual, f, toAllow)
+	}
+	prog = append(prog, bpf.RetConstant{Val: retEAFNOSUPPORT})
 	allow := len(prog)
 	prog = append(prog, bpf.RetConstant{Val: retAllow}, bpf.RetConstant{Val: retEPERM}, bpf.RetConstant{Val: retENOSYS})
 	return resolveJumps(prog, jumps, allow, toAllow)

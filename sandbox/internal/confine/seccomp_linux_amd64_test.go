@@ -63,7 +63,7 @@ func TestFilterProgram(t *testing.T) {
 	// Every other syscall of the ABI is allowed.
 	for name, n := range arch.X86_64.SyscallNames {
 		if slices.ContainsFunc(refusedEPERM, func(sc syscallNr) bool { return sc.name == name }) ||
-			name == "clone" || name == "clone3" {
+			name == "clone" || name == "clone3" || name == "socket" || name == "socketpair" {
 			continue
 		}
 		if got := run(t, vm, x86, uint32(n), 0, 0); got != retAllow {
@@ -108,6 +108,11 @@ func TestFilterProgram(t *testing.T) {
 		{"personality query", nr("personality"), []uint64{personaQuery}, x86, retAllow},
 		{"personality linux", nr("personality"), []uint64{0}, x86, retAllow},
 		{"personality READ_IMPLIES_EXEC", nr("personality"), []uint64{readImpliesExec}, x86, retEPERM},
+		{"socket AF_VSOCK", nr("socket"), []uint64{unix.AF_VSOCK, unix.SOCK_STREAM}, x86, retEAFNOSUPPORT},
+		{"socket AF_VSOCK high bits", nr("socket"), []uint64{1<<32 | unix.AF_VSOCK, unix.SOCK_STREAM}, x86, retEAFNOSUPPORT},
+		{"socket AF_INET high bits (the kernel reads an int)", nr("socket"), []uint64{1<<32 | unix.AF_INET, unix.SOCK_STREAM}, x86, retAllow},
+		{"socketpair AF_UNIX", nr("socketpair"), []uint64{unix.AF_UNIX, unix.SOCK_STREAM}, x86, retAllow},
+		{"socketpair AF_TIPC", nr("socketpair"), []uint64{unix.AF_TIPC, unix.SOCK_STREAM}, x86, retEAFNOSUPPORT},
 		{"read", nr("read"), nil, x86, retAllow},
 		{"openat", nr("openat"), nil, x86, retAllow},
 		{"execve", nr("execve"), nil, x86, retAllow},
@@ -118,6 +123,18 @@ func TestFilterProgram(t *testing.T) {
 		{"i386 mount", 21, nil, unix.AUDIT_ARCH_I386, retENOSYS},
 		{"i386 ioctl TIOCSTI", 54, []uint64{0, unix.TIOCSTI}, unix.AUDIT_ARCH_I386, retENOSYS},
 		{"aarch64 read", 63, nil, unix.AUDIT_ARCH_AARCH64, retENOSYS},
+	}
+	// Of every address family, socket and socketpair create only these.
+	for _, name := range []string{"socket", "socketpair"} {
+		for f := uint64(0); f <= unix.AF_MAX; f++ {
+			want := uint32(retEAFNOSUPPORT)
+			if f == unix.AF_UNIX || f == unix.AF_INET || f == unix.AF_INET6 || f == unix.AF_NETLINK {
+				want = retAllow
+			}
+			if got := run(t, vm, x86, nr(name), f, unix.SOCK_STREAM); got != want {
+				t.Errorf("%s family %d: %#x, want %#x", name, f, got, want)
+			}
+		}
 	}
 	for _, c := range cases {
 		if got := run(t, vm, c.arch, c.nr, c.args...); got != c.want {

@@ -45,6 +45,7 @@ func raw(nr uintptr, a ...uintptr) int {
 func refused() map[string]int {
 	c := func(s string) uintptr { p, _ := unix.BytePtrFromString(s); return uintptr(unsafe.Pointer(p)) }
 	var ch byte = 'x'
+	var pair [2]int32
 	chp := uintptr(unsafe.Pointer(&ch))
 	m := map[string]int{
 		"mount":             raw(unix.SYS_MOUNT, c("none"), c("/nonexistent"), c("tmpfs"), 0, 0),
@@ -100,6 +101,14 @@ func refused() map[string]int {
 		"ioctl_TIOCLINUX":   raw(unix.SYS_IOCTL, 0, unix.TIOCLINUX, chp),
 		"clone3":            raw(unix.SYS_CLONE3, 0, 0),
 		"x32_getpid":        raw(unix.SYS_GETPID | 0x40000000),
+		// Families other than unix, inet, inet6 and netlink: a network
+		// namespace does not isolate vsock (the host's port space, the
+		// hypervisor at CID 2).
+		"socket_vsock":     raw(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
+		"socket_bluetooth": raw(unix.SYS_SOCKET, unix.AF_BLUETOOTH, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
+		"socketpair_tipc":  raw(unix.SYS_SOCKETPAIR, unix.AF_TIPC, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0, uintptr(unsafe.Pointer(&pair[0]))),
+		"socket_inet":      raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0),
+		"socketpair_unix":  raw(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0, uintptr(unsafe.Pointer(&pair[0]))),
 	}
 	// vhangup only without a controlling terminal: unconfined, it would
 	// hang up the test's terminal.

@@ -223,14 +223,38 @@ func (g *Gateway) Close() error {
 		for _, c := range g.front {
 			c.Close()
 		}
-		if g.stack != nil {
-			g.stack.Destroy()
+		if g.stack == nil {
+			g.wg.Wait()
+			g.cfg.closeLink()
+			return
 		}
+		// Close aborts the stack's endpoints (what the flows read
+		// returns at once); a handshake the run left half open is not
+		// aborted, and gVisor waits for it to time out (about two
+		// minutes). The run's end (and the daemon's) does not wait for
+		// that: the stack finishes stopping in the background, and its
+		// packet socket is closed only then, so that no reader of the
+		// link is left on a descriptor number used again.
+		g.stack.Close()
 		g.wg.Wait()
-		g.cfg.closeLink()
+		stopped := make(chan struct{})
+		go func() {
+			g.stack.Wait()
+			g.cfg.closeLink()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-time.After(stackStopWait):
+			g.cfg.Log.Info("egress: the run's network stack stops in the background (a handshake the run left half open)")
+		}
 	})
 	return nil
 }
+
+// stackStopWait is how long Close waits for the netstack capture's stack
+// to stop before it lets it stop in the background.
+const stackStopWait = time.Second
 
 // Recheck decides every open connection again, as the Decider decides now,
 // and cuts those it refuses; it returns once they are cut. It returns how

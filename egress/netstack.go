@@ -81,21 +81,28 @@ func (g *Gateway) startNetstack() error {
 }
 
 // onTCP takes every TCP connection the run opens.
+//
+// The connection takes its place among the bounds (admit) only once its
+// handshake is done: CreateEndpoint waits for the run's last ACK, and a
+// handshake the run abandons lasts until gVisor's SYN-ACK retransmissions
+// give up (about two minutes). A flood of SYNs from a run held every
+// place of its session and of the node for that long, after the run
+// had ended; the handshakes in flight are bounded by the forwarder
+// instead (Config.Connections per run).
 func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
-	release, ok := g.admit()
-	if !ok {
-		r.Complete(true) // over a bound: reset
-		return
-	}
 	var wq waiter.Queue
 	ep, e := r.CreateEndpoint(&wq)
 	if e != nil {
-		release()
 		r.Complete(true)
 		return
 	}
 	r.Complete(false)
+	release, ok := g.admit()
+	if !ok {
+		ep.Abort() // over a bound: reset
+		return
+	}
 	f := &flow{g: g, client: gonet.NewTCPConn(&wq, ep), abort: ep.Abort}
 	if !g.serveFlow(f, netip.AddrFrom4(id.LocalAddress.As4()), int(id.LocalPort), release) {
 		ep.Abort()

@@ -113,95 +113,123 @@ var filterProgram = sync.OnceValues(func() ([]unix.SockFilter, error) {
 // is allowed. The kernel's seccomp action cache then skips
 // the filter for every allowed syscall but those decided on arguments.
 func buildFilter() ([]bpf.Instruction, error) {
-	const (
-		toAllow = -1 - iota // jump targets: the three returns at the end
-		toEPERM
-		toENOSYS
-	)
-	var prog []bpf.Instruction
-	var jumps []jump
-	// cond appends a test that goes to `to` when it holds (and falls
-	// through otherwise).
-	cond := func(test bpf.JumpTest, val uint32, to int) {
-		jumps = append(jumps, jump{len(prog), to, true})
-		prog = append(prog, bpf.JumpIf{Cond: test, Val: val})
+	var f filter
+	f.load(offArch)
+	f.jumps = append(f.jumps, jump{len(f.prog), toENOSYS, false})
+	f.prog = append(f.prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchX8})
+	f.load(offNr)
+	f.cond(bpf.JumpGreaterOrEqual, x32SyscallBit, toENOSYS)
+	// Each syscall decided on its arguments jumps to its checks (their
+	// targets are set once the checks are laid out, below).
+	entries := make([][]int, len(argChecks))
+	for i, c := range argChecks {
+		for _, nr := range c.nrs {
+			entries[i] = append(entries[i], f.cond(bpf.JumpEqual, nr, 0))
+		}
 	}
-	prog = append(prog, bpf.LoadAbsolute{Off: offArch, Size: 4})
-	jumps = append(jumps, jump{len(prog), toENOSYS, false})
-	prog = append(prog, bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchX8})
-	prog = append(prog, bpf.LoadAbsolute{Off: offNr, Size: 4})
-	cond(bpf.JumpGreaterOrEqual, x32SyscallBit, toENOSYS)
-	ioctl := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_IOCTL, 0) // its target is set below
-	clone := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_CLONE, 0)
-	mmap := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_MMAP, 0)
-	mprotect := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_MPROTECT, 0)
-	pkeyMprotect := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_PKEY_MPROTECT, 0)
-	shmat := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_SHMAT, 0)
-	personality := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_PERSONALITY, 0)
-	socket := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_SOCKET, 0)
-	socketpair := len(jumps)
-	cond(bpf.JumpEqual, unix.SYS_SOCKETPAIR, 0)
-	cond(bpf.JumpEqual, unix.SYS_CLONE3, toENOSYS)
+	f.cond(bpf.JumpEqual, unix.SYS_CLONE3, toENOSYS)
 	for _, sc := range refusedEPERM {
-		cond(bpf.JumpEqual, sc.nr, toEPERM)
+		f.cond(bpf.JumpEqual, sc.nr, toEPERM)
 	}
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
-	jumps[ioctl].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg1Low, Size: 4})
-	cond(bpf.JumpEqual, unix.TIOCSTI, toEPERM)
-	cond(bpf.JumpEqual, unix.TIOCLINUX, toEPERM)
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
-	jumps[clone].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
-	cond(bpf.JumpBitsSet, cloneNewFlags, toEPERM)
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	f.ret(retAllow)
+	for i, c := range argChecks {
+		for _, j := range entries[i] {
+			f.jumps[j].to = len(f.prog)
+		}
+		c.check(&f)
+	}
+	allow := len(f.prog)
+	f.ret(retAllow)
+	f.ret(retEPERM)
+	f.ret(retENOSYS)
+	return resolveJumps(f.prog, f.jumps, allow, toAllow)
+}
+
+// Jump targets of the filter: the three returns at its end.
+const (
+	toAllow = -1 - iota
+	toEPERM
+	toENOSYS
+)
+
+// filter is a filter being laid out: its instructions, and its
+// conditional jumps, whose skips resolveJumps sets.
+type filter struct {
+	prog  []bpf.Instruction
+	jumps []jump
+}
+
+// cond appends a test that goes to `to` when it holds (and falls through
+// otherwise), and returns its index among the jumps.
+func (f *filter) cond(test bpf.JumpTest, val uint32, to int) int {
+	f.jumps = append(f.jumps, jump{len(f.prog), to, true})
+	f.prog = append(f.prog, bpf.JumpIf{Cond: test, Val: val})
+	return len(f.jumps) - 1
+}
+
+// load loads the 32 bits of struct seccomp_data at off.
+func (f *filter) load(off uint32) { f.prog = append(f.prog, bpf.LoadAbsolute{Off: off, Size: 4}) }
+
+func (f *filter) ret(v uint32) { f.prog = append(f.prog, bpf.RetConstant{Val: v}) }
+
+// argChecks are the syscalls decided on their arguments, each with its
+// checks, which end in a return.
+var argChecks = []struct {
+	nrs   []uint32
+	check func(*filter)
+}{
+	// ioctl(fd, request): the kernel reads request as unsigned int.
+	{[]uint32{unix.SYS_IOCTL}, func(f *filter) {
+		f.load(offArg1Low)
+		f.cond(bpf.JumpEqual, unix.TIOCSTI, toEPERM)
+		f.cond(bpf.JumpEqual, unix.TIOCLINUX, toEPERM)
+		f.ret(retAllow)
+	}},
+	// clone(flags, ...): every namespace flag is below bit 32.
+	{[]uint32{unix.SYS_CLONE}, func(f *filter) {
+		f.load(offArg0Low)
+		f.cond(bpf.JumpBitsSet, cloneNewFlags, toEPERM)
+		f.ret(retAllow)
+	}},
 	// mmap(addr, len, prot, flags, ...): executable and writable, or
 	// executable and anonymous, is refused.
-	jumps[mmap].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg2Low, Size: 4})
-	jumps = append(jumps, jump{len(prog), toAllow, false})
-	prog = append(prog, bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: unix.PROT_EXEC})
-	cond(bpf.JumpBitsSet, unix.PROT_WRITE, toEPERM)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg3Low, Size: 4})
-	cond(bpf.JumpBitsSet, unix.MAP_ANONYMOUS, toEPERM)
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	{[]uint32{unix.SYS_MMAP}, func(f *filter) {
+		f.load(offArg2Low)
+		f.jumps = append(f.jumps, jump{len(f.prog), toAllow, false})
+		f.prog = append(f.prog, bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: unix.PROT_EXEC})
+		f.cond(bpf.JumpBitsSet, unix.PROT_WRITE, toEPERM)
+		f.load(offArg3Low)
+		f.cond(bpf.JumpBitsSet, unix.MAP_ANONYMOUS, toEPERM)
+		f.ret(retAllow)
+	}},
 	// mprotect and pkey_mprotect(addr, len, prot): never to executable.
-	jumps[mprotect].to = len(prog)
-	jumps[pkeyMprotect].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg2Low, Size: 4})
-	cond(bpf.JumpBitsSet, unix.PROT_EXEC, toEPERM)
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	{[]uint32{unix.SYS_MPROTECT, unix.SYS_PKEY_MPROTECT}, func(f *filter) {
+		f.load(offArg2Low)
+		f.cond(bpf.JumpBitsSet, unix.PROT_EXEC, toEPERM)
+		f.ret(retAllow)
+	}},
 	// shmat(id, addr, flags): no executable System V segment.
-	jumps[shmat].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg2Low, Size: 4})
-	cond(bpf.JumpBitsSet, shmExec, toEPERM)
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	{[]uint32{unix.SYS_SHMAT}, func(f *filter) {
+		f.load(offArg2Low)
+		f.cond(bpf.JumpBitsSet, shmExec, toEPERM)
+		f.ret(retAllow)
+	}},
 	// personality(persona): not READ_IMPLIES_EXEC (a query is allowed).
-	jumps[personality].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
-	cond(bpf.JumpEqual, personaQuery, toAllow)
-	cond(bpf.JumpBitsSet, readImpliesExec, toEPERM)
-	prog = append(prog, bpf.RetConstant{Val: retAllow})
+	{[]uint32{unix.SYS_PERSONALITY}, func(f *filter) {
+		f.load(offArg0Low)
+		f.cond(bpf.JumpEqual, personaQuery, toAllow)
+		f.cond(bpf.JumpBitsSet, readImpliesExec, toEPERM)
+		f.ret(retAllow)
+	}},
 	// socket and socketpair(domain, ...): only socketFamilies (the kernel
 	// reads domain as int: the low 32 bits).
-	jumps[socket].to = len(prog)
-	jumps[socketpair].to = len(prog)
-	prog = append(prog, bpf.LoadAbsolute{Off: offArg0Low, Size: 4})
-	for _, f := range socketFamilies {
-		cond(bpf.JumpEqual, f, toAllow)
-	}
-	prog = append(prog, bpf.RetConstant{Val: retEAFNOSUPPORT})
-	allow := len(prog)
-	prog = append(prog, bpf.RetConstant{Val: retAllow}, bpf.RetConstant{Val: retEPERM}, bpf.RetConstant{Val: retENOSYS})
-	return resolveJumps(prog, jumps, allow, toAllow)
+	{[]uint32{unix.SYS_SOCKET, unix.SYS_SOCKETPAIR}, func(f *filter) {
+		f.load(offArg0Low)
+		for _, fam := range socketFamilies {
+			f.cond(bpf.JumpEqual, fam, toAllow)
+		}
+		f.ret(retEAFNOSUPPORT)
+	}},
 }
 
 // jump is a conditional jump of the filter whose target is set once the

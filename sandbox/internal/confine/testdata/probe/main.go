@@ -45,7 +45,6 @@ func raw(nr uintptr, a ...uintptr) int {
 func refused() map[string]int {
 	c := func(s string) uintptr { p, _ := unix.BytePtrFromString(s); return uintptr(unsafe.Pointer(p)) }
 	var ch byte = 'x'
-	var pair [2]int32
 	chp := uintptr(unsafe.Pointer(&ch))
 	m := map[string]int{
 		"mount":             raw(unix.SYS_MOUNT, c("none"), c("/nonexistent"), c("tmpfs"), 0, 0),
@@ -101,14 +100,6 @@ func refused() map[string]int {
 		"ioctl_TIOCLINUX":   raw(unix.SYS_IOCTL, 0, unix.TIOCLINUX, chp),
 		"clone3":            raw(unix.SYS_CLONE3, 0, 0),
 		"x32_getpid":        raw(unix.SYS_GETPID | 0x40000000),
-		// Families other than unix, inet, inet6 and netlink: a network
-		// namespace does not isolate vsock (the host's port space, the
-		// hypervisor at CID 2).
-		"socket_vsock":     raw(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
-		"socket_bluetooth": raw(unix.SYS_SOCKET, unix.AF_BLUETOOTH, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
-		"socketpair_tipc":  raw(unix.SYS_SOCKETPAIR, unix.AF_TIPC, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0, uintptr(unsafe.Pointer(&pair[0]))),
-		"socket_inet":      raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0),
-		"socketpair_unix":  raw(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0, uintptr(unsafe.Pointer(&pair[0]))),
 	}
 	// vhangup only without a controlling terminal: unconfined, it would
 	// hang up the test's terminal.
@@ -118,10 +109,28 @@ func refused() map[string]int {
 		f.Close()
 		m["vhangup"] = -2
 	}
+	for k, v := range families() {
+		m[k] = v
+	}
 	for name, flags := range map[string]uintptr{"clone_newuser": unix.CLONE_NEWUSER, "clone_newns": unix.CLONE_NEWNS, "clone_newnet": unix.CLONE_NEWNET, "clone_newpid": unix.CLONE_NEWPID} {
 		m[name] = cloneFlags(flags)
 	}
 	return m
+}
+
+// families tries socket families the filter refuses, and two it allows.
+func families() map[string]int {
+	var pair [2]int32
+	return map[string]int{
+		// Families other than unix, inet, inet6 and netlink: a network
+		// namespace does not isolate vsock (the host's port space, the
+		// hypervisor at CID 2).
+		"socket_vsock":     raw(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
+		"socket_bluetooth": raw(unix.SYS_SOCKET, unix.AF_BLUETOOTH, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0),
+		"socketpair_tipc":  raw(unix.SYS_SOCKETPAIR, unix.AF_TIPC, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0, uintptr(unsafe.Pointer(&pair[0]))),
+		"socket_inet":      raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0),
+		"socketpair_unix":  raw(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0, uintptr(unsafe.Pointer(&pair[0]))),
+	}
 }
 
 // cloneFlags calls clone(flags|SIGCHLD) like fork; a child, should there

@@ -156,6 +156,9 @@ func (g *Gateway) resolverLoop(c *net.UDPConn) {
 			}
 			continue
 		}
+		if !g.queries.Allow() {
+			continue // over queryRate
+		}
 		if a := g.answer(buf[:n]); a != nil {
 			_, _ = c.WriteToUDPAddrPort(a, from)
 		}

@@ -142,6 +142,9 @@ func (g *Gateway) onUDP(r *udp.ForwarderRequest) bool {
 			if err != nil || g.ctx.Err() != nil {
 				return
 			}
+			if !g.queries.Allow() {
+				continue // over queryRate
+			}
 			if a := g.answer(buf[:n]); a != nil {
 				_, _ = c.Write(a)
 			}

@@ -40,6 +40,28 @@ func kernelGateway(t *testing.T) (*Gateway, net.Addr, net.Addr) {
 	return g, taddr, uaddr
 }
 
+// resolverConn is a kernelGateway and a UDP socket connected to its
+// resolver.
+func resolverConn(t *testing.T) (*Gateway, net.Conn) {
+	t.Helper()
+	g, _, uaddr := kernelGateway(t)
+	c, err := net.Dial("udp4", uaddr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return g, c
+}
+
+// aQuery is a query for web.test's A record.
+func aQuery(id uint16) []byte {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
+	b.StartQuestions()
+	b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName("web.test."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
+	q, _ := b.Finish()
+	return q
+}
+
 // TestKernelCaptureRefusesUnrewritten: a connection made straight to the
 // capture's socket (its destination the run's loopback, or unknown to
 // conntrack) is reset, even with a decider that allows everything.
@@ -68,18 +90,9 @@ func TestKernelCaptureRefusesUnrewritten(t *testing.T) {
 // netstack's resolver does, and stops with Close.
 func TestKernelCaptureResolver(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	g, _, uaddr := kernelGateway(t)
+	g, c := resolverConn(t)
 	defer g.Close()
-	c, err := net.Dial("udp4", uaddr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 7, RecursionDesired: true})
-	b.StartQuestions()
-	b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName("web.test."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
-	q, _ := b.Finish()
-	c.Write(q)
+	c.Write(aQuery(7))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 512)
 	n, err := c.Read(buf)
@@ -117,24 +130,15 @@ func TestNewWithoutLink(t *testing.T) {
 // capture). The bound is checked against the time the queries took.
 func TestResolverRate(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	g, _, uaddr := kernelGateway(t)
+	g, c := resolverConn(t)
 	defer g.Close()
-	c, err := net.Dial("udp4", uaddr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const batches, batch = 30, 100
 	buf := make([]byte, 512)
 	answered := 0
 	start := time.Now()
 	for i := 0; i < batches; i++ {
 		for j := 0; j < batch; j++ {
-			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: uint16(i*batch + j), RecursionDesired: true})
-			b.StartQuestions()
-			b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName("web.test."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
-			q, _ := b.Finish()
-			c.Write(q)
+			c.Write(aQuery(uint16(i*batch + j)))
 		}
 		// This batch's answers: until none comes for 10 ms.
 		for got := 0; got < batch; got++ {

@@ -36,6 +36,14 @@ import (
 // maxActingPerView places, and the rest of its requests wait in its own
 // queue, not in the daemon's; the other views keep maxActing less that.
 
+// callerState is how a view acts as its callers.
+type callerState struct {
+	switchCreds bool // root: act as each caller
+	groups      groupCache
+	// acting holds a token for each of the view's requests acting at once.
+	acting chan struct{}
+}
+
 // maxActing is 4 × GOMAXPROCS + 8: enough to keep every CPU busy while as
 // many requests wait in backing syscalls, far below any pids limit. The
 // bounds are read when a host (or view) is made: GOMAXPROCS may change
@@ -56,14 +64,14 @@ func maxIdlePins() int { return min(max(runtime.GOMAXPROCS(0), 2), 16) + 2 }
 // enterActing takes a place in v and on its host, waiting for one
 // unpinned if it must.
 func (v *View) enterActing() {
-	v.host.threads.take(v.acting)
+	v.host.threads.take(v.caller.acting)
 	v.host.threads.take(v.host.acting)
 }
 
 // leaveActing gives back what enterActing took.
 func (v *View) leaveActing() {
 	<-v.host.acting
-	<-v.acting
+	<-v.caller.acting
 }
 
 // take puts a token in ch, waiting for room with no thread held.

@@ -158,10 +158,10 @@ func (h *hub) attach(v *View, mpfd int) error {
 	if h.closing.Load() {
 		return errors.New("hub is closing")
 	}
-	name := strconv.FormatUint(v.gen, 10)
-	ch := h.root.NewPersistentInode(context.Background(), v.root, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: 1, Gen: v.gen})
+	name := strconv.FormatUint(v.mnt.gen, 10)
+	ch := h.root.NewPersistentInode(context.Background(), v.root, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: 1, Gen: v.mnt.gen})
 	h.root.AddChild(name, ch, false)
-	v.hubName = name
+	v.mnt.hubName = name
 	h.mu.Lock()
 	h.views++
 	h.mu.Unlock()
@@ -170,7 +170,7 @@ func (h *hub) attach(v *View, mpfd int) error {
 		h.detach(v)
 		return err
 	}
-	v.mntID = id
+	v.mnt.id = id
 	return nil
 }
 
@@ -208,13 +208,13 @@ func bindMount(dirfd int, name string, mpfd int, mp string) (uint64, error) {
 // dentry, so that its nodes are forgotten once nothing uses them; v's
 // backing directories are closed then (rootNode.OnForget).
 func (h *hub) detach(v *View) {
-	if v.hubName == "" {
+	if v.mnt.hubName == "" {
 		return
 	}
-	ch := h.root.GetChild(v.hubName)
-	h.root.RmChild(v.hubName)
-	if errno := h.root.NotifyEntry(v.hubName); errno != 0 && errno != syscall.ENOENT {
-		h.log.Debug("NotifyEntry", "view", v.hubName, "errno", errno)
+	ch := h.root.GetChild(v.mnt.hubName)
+	h.root.RmChild(v.mnt.hubName)
+	if errno := h.root.NotifyEntry(v.mnt.hubName); errno != 0 && errno != syscall.ENOENT {
+		h.log.Debug("NotifyEntry", "view", v.mnt.hubName, "errno", errno)
 	}
 	if ch != nil {
 		ch.ForgetPersistent()

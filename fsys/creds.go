@@ -198,7 +198,7 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 
 // switchTo makes the current thread act as c (become, holding a place).
 func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
-	if !v.switchCreds {
+	if !v.caller.switchCreds {
 		return asCaller{}, 0
 	}
 	runtime.LockOSThread()
@@ -224,7 +224,7 @@ func (v *View) switchTo(c *fuse.Caller) (asCaller, syscall.Errno) {
 		}
 		return asCaller{back: &k}, 0
 	}
-	groups, err := v.groups.of(c.Pid, c.Uid, c.Gid)
+	groups, err := v.caller.groups.of(c.Pid, c.Uid, c.Gid)
 	if err != nil {
 		// Without the caller's groups we cannot act as it: fail closed.
 		v.log.Warn("caller's groups unknown; refusing", "pid", c.Pid, "uid", c.Uid, "err", err)

@@ -45,12 +45,12 @@ func TestBecomeActsAsTheCaller(t *testing.T) {
 // asUser pretends pid (this process) asked as uid/gid with groups: the
 // group cache is filled so that /proc (which shows root) is not read.
 func (f *fixture) asUser(uid, gid uint32, groups ...uint32) context.Context {
-	f.v.groups.mu.Lock()
-	if f.v.groups.entries == nil {
-		f.v.groups.entries = map[uint32]groupEntry{}
+	f.v.caller.groups.mu.Lock()
+	if f.v.caller.groups.entries == nil {
+		f.v.caller.groups.entries = map[uint32]groupEntry{}
 	}
-	f.v.groups.entries[uint32(os.Getpid())] = groupEntry{uid: uid, gid: gid, groups: groups, at: time.Now().Add(time.Hour)}
-	f.v.groups.mu.Unlock()
+	f.v.caller.groups.entries[uint32(os.Getpid())] = groupEntry{uid: uid, gid: gid, groups: groups, at: time.Now().Add(time.Hour)}
+	f.v.caller.groups.mu.Unlock()
 	f.v.opts.AllowUIDs = append(f.v.opts.AllowUIDs, uid)
 	return callerCtx(uid, gid)
 }
@@ -128,7 +128,7 @@ func BenchmarkBecome(b *testing.B) {
 		other := callerCtx(65533, 65533)
 		other.(*fuse.Context).Caller.Pid = 1
 		ctxs := []context.Context{f.asUser(65534, 65534, 100), other}
-		f.v.groups.entries[1] = groupEntry{uid: 65533, gid: 65533, at: time.Now().Add(time.Hour)}
+		f.v.caller.groups.entries[1] = groupEntry{uid: 65533, gid: 65533, at: time.Now().Add(time.Hour)}
 		f.v.opts.AllowUIDs = append(f.v.opts.AllowUIDs, 65533)
 		i := 0
 		for b.Loop() {

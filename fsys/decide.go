@@ -2,6 +2,7 @@ package fsys
 
 import (
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,43 @@ const spaceCount = 2
 func spaceByName(name string) (space, bool) {
 	sp, err := acl.ParseSpace(name)
 	return sp, err == nil
+}
+
+// Rules gives the current path-rule snapshot. An atomic.Pointer[acl.Config]
+// satisfies it; the daemon swaps the pointer on reload.
+type Rules interface {
+	Load() *acl.Config
+}
+
+// DenyFunc is told of a path the rules deny to a request, with the context
+// it was decided in (Options.OnDeny).
+type DenyFunc func(atoms cctx.Set, space acl.Space, path, op string)
+
+// authority is what a view decides with: its rules and its context, and
+// the count of their changes.
+type authority struct {
+	rules Rules
+	atoms atomic.Pointer[cctx.Set]
+	// changes counts the view's context switches and reloads: with the
+	// host's renames, its generation (View.generation).
+	changes atomic.Uint64
+	// reloadOld: the rules before the reload being applied (Invalidate).
+	reloadOld *acl.Config
+}
+
+// Invalidate drops the kernel's cached entries after the rules changed
+// from old (nil: unknown, everything is dropped one by one).
+func (v *View) Invalidate(old *acl.Config) error {
+	v.authz.reloadOld = old
+	return v.invalidate(false)
+}
+
+// reloadedFrom is the decision with the rules before the reload being
+// applied, and whether they are known.
+func (v *View) reloadedFrom() (decision, bool) {
+	d := v.decision()
+	d.cfg = v.authz.reloadOld
+	return d, d.cfg != nil
 }
 
 // decision is the state one operation decides with, read once so that an
@@ -44,7 +82,7 @@ type decision struct {
 }
 
 func (v *View) decision() decision {
-	return decision{cfg: v.rules.Load(), atoms: *v.atoms.Load(), hardlinks: v.opts.AllowHardlinks}
+	return decision{cfg: v.authz.rules.Load(), atoms: *v.authz.atoms.Load(), hardlinks: v.opts.AllowHardlinks}
 }
 
 // path decides the canonical path p of space sp: whether the view shows it,

@@ -13,8 +13,9 @@ import (
 
 // TestOnlyDecisionConsultsRules: decide.go is the one place where the
 // package asks the rules anything, so "how is X decided?" is answered by
-// reading one file. Every method of acl.Config that decides is looked for
-// in the package's other (non-test) files.
+// reading one file. No other (non-test) file imports acl, and every method
+// of acl.Config that decides is looked for in them too (a value reached
+// through another package's type would not need the import).
 func TestOnlyDecisionConsultsRules(t *testing.T) {
 	deciding := map[string]bool{"Visible": true, "HasRules": true, "HasRulesUnder": true}
 	files, err := filepath.Glob("*.go")
@@ -29,6 +30,11 @@ func TestOnlyDecisionConsultsRules(t *testing.T) {
 		f, err := parser.ParseFile(fset, name, nil, 0)
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if imp.Path.Value == `"github.com/condfs/condfs/acl"` {
+				t.Errorf("%s imports acl: only decide.go may", name)
+			}
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
 			if call, ok := n.(*ast.CallExpr); ok {

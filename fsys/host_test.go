@@ -225,7 +225,7 @@ func (f *fixture) openRead(path ...string) *fileHandle {
 func standing(h *fileHandle) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.cached && h.gen == h.node.view.auth.Load() && h.seen == h.moves.Load()
+	return h.cached && h.gen == h.node.view.authz.changes.Load() && h.seen == h.moves.Load()
 }
 
 // TestRenameDecidesByCurrentPaths: a rename decides again, before it

@@ -276,14 +276,14 @@ func (v *View) stableAttr(st *unix.Stat_t) fs.StableAttr {
 	// Mix the device into the inode number, as go-fuse's loopback does, so
 	// that the two spaces never collide even on different filesystems.
 	swapped := (st.Dev << 32) | (st.Dev >> 32)
-	rootDev := v.rootDev
+	rootDev := v.mnt.rootDev
 	ino := st.Ino ^ swapped ^ ((rootDev << 32) | (rootDev >> 32))
 	if ino <= 1 {
 		ino += 1 << 62 // 1 is the mount root
 	}
 	// The generation keeps the views of one hub apart: go-fuse merges
 	// nodes with equal StableAttr, and a node belongs to one view.
-	return fs.StableAttr{Mode: st.Mode, Ino: ino, Gen: v.gen}
+	return fs.StableAttr{Mode: st.Mode, Ino: ino, Gen: v.mnt.gen}
 }
 
 // newChild makes (or finds) the node for the entry at path below n. The

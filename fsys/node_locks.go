@@ -58,8 +58,8 @@ func (v *View) enterWait() bool {
 		all.Add(-1)
 		return false
 	}
-	if v.lockWaiters.Add(1) > MaxLockWaitersPerView {
-		v.lockWaiters.Add(-1)
+	if v.stats.lockWaiters.Add(1) > MaxLockWaitersPerView {
+		v.stats.lockWaiters.Add(-1)
 		all.Add(-1)
 		return false
 	}
@@ -67,7 +67,7 @@ func (v *View) enterWait() bool {
 }
 
 func (v *View) leaveWait() {
-	v.lockWaiters.Add(-1)
+	v.stats.lockWaiters.Add(-1)
 	v.host.lockWaiters.Add(-1)
 }
 

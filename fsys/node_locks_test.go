@@ -12,7 +12,7 @@ func TestLockWaiterBounds(t *testing.T) {
 		views = append(views, v)
 		for v.enterWait() {
 		}
-		if got := v.lockWaiters.Load(); got > MaxLockWaitersPerView {
+		if got := v.stats.lockWaiters.Load(); got > MaxLockWaitersPerView {
 			t.Fatalf("a view holds %d waiters", got)
 		}
 	}
@@ -29,11 +29,11 @@ func TestLockWaiterBounds(t *testing.T) {
 	}
 	fresh.leaveWait()
 	for _, v := range views[1:] {
-		for v.lockWaiters.Load() > 0 {
+		for v.stats.lockWaiters.Load() > 0 {
 			v.leaveWait()
 		}
 	}
-	for views[0].lockWaiters.Load() > 0 {
+	for views[0].stats.lockWaiters.Load() > 0 {
 		views[0].leaveWait()
 	}
 	if got := h.lockWaiters.Load(); got != 0 {

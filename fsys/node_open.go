@@ -41,12 +41,12 @@ type fileHandle struct {
 
 	// A handle decides again (finding its path from its fd) only after
 	// an event that can change its decision: a switch or reload of its
-	// view (View.auth), a rename that may have moved it (moves). Between
+	// view (its authority.changes), a rename that may have moved it (moves). Between
 	// events its last decision stands; a change made directly in the
 	// backing tree, not through a view, is seen at the next event.
 	mu     sync.Mutex
 	last   string // the last path seen, for a file that has lost its name
-	gen    uint64 // View.auth when vis was decided
+	gen    uint64 // authority.changes when vis was decided
 	seen   uint64 // moves when vis was decided
 	cached bool
 	vis    bool
@@ -98,7 +98,7 @@ func (h *fileHandle) decide(audit bool) bool {
 	// The counts are read before the snapshot: a decision made while an
 	// event happens is kept under the older count, so the next call
 	// decides again.
-	g, m := v.auth.Load(), h.moves.Load()
+	g, m := v.authz.changes.Load(), h.moves.Load()
 	h.mu.Lock()
 	if h.cached && h.gen == g && h.seen == m {
 		vis, p := h.vis, h.last
@@ -140,7 +140,7 @@ func (h *fileHandle) decide(audit bool) bool {
 // (acting.go), rather than handing go-fuse the fd to read (or splice) from
 // when it writes the reply, which no bound would cover.
 func (h *fileHandle) Read(ctx context.Context, buf []byte, off int64) (res fuse.ReadResult, errno syscall.Errno) {
-	h.node.view.reads.Add(1)
+	h.node.view.stats.reads.Add(1)
 	if !h.decide(true) {
 		return nil, syscall.EACCES
 	}

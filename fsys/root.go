@@ -17,7 +17,8 @@ import (
 // while its space root is visible), and nothing can be written there.
 type rootNode struct {
 	fs.Inode
-	view *View
+	view   *View
+	access rootAccess // fixed for the view's life: who may enter it
 }
 
 var (
@@ -157,11 +158,11 @@ func (d *rootDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 // check (admits), but every path walk in the view starts with a search of
 // the root.
 func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	a := &r.view.rootAccess
+	a := &r.access
 	out.Mode = syscall.S_IFDIR | a.mode
 	out.Nlink = 4
 	out.Uid, out.Gid = a.uid, uint32(os.Getegid())
-	t := r.view.mountedAt
+	t := r.view.mnt.at
 	out.SetTimes(&t, &t, &t)
 	if w := r.view.host.watcher; w != nil {
 		out.SetTimeout(w.ttl) // made up, and never changes
@@ -172,7 +173,7 @@ func (r *rootNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 // Getxattr gives the root's POSIX ACL: r-x for each admitted uid but the
 // owner, nothing for anyone else.
 func (r *rootNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	a := &r.view.rootAccess
+	a := &r.access
 	if attr != "system.posix_acl_access" || a.acl == nil {
 		return 0, syscall.ENODATA
 	}
@@ -237,7 +238,7 @@ func newRootAccess(v *View) rootAccess {
 // below was forgotten first), so no operation can reach its backing
 // directories: close them.
 func (r *rootNode) OnForget() {
-	if r.view.hub != nil && r.view.closed.Load() {
+	if r.view.mnt.hub != nil && r.view.closed.Load() {
 		r.view.closeBacking()
 	}
 }

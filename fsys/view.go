@@ -63,16 +63,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/internal/safepath"
 )
-
-// Rules gives the current path-rule snapshot. An atomic.Pointer[acl.Config]
-// satisfies it; the daemon swaps the pointer on reload.
-type Rules interface {
-	Load() *acl.Config
-}
 
 // Options configure a view.
 type Options struct {
@@ -102,49 +95,49 @@ type Options struct {
 	// OnDeny, if set, is told of every path the rules deny to a request
 	// that names it (lookup, mutation, or I/O on a revoked handle), for
 	// the audit log. Entries left out of a listing are not reported.
-	OnDeny func(atoms cctx.Set, space acl.Space, path, op string)
+	OnDeny DenyFunc
 }
 
-// View is one mounted session view.
+// View is one mounted session view. Its state is grouped by the idea that
+// owns it: what decides (authz, decide.go), the backing directories
+// (spaces), the mount (mnt), what the kernel caches (cache,
+// cache_listing.go), the open files (handles), acting as callers (caller,
+// acting.go) and counters (stats).
 type View struct {
-	host        *Host
-	opts        Options
-	rules       Rules
-	atoms       atomic.Pointer[cctx.Set]
-	spaces      [2]*backing
-	root        *rootNode
-	rootAccess  rootAccess // fixed for the view's life: who may enter it
-	fsOpts      *fs.Options
-	conn        *conn  // the view's own connection; nil in a hub (or not mounted)
-	mntID       uint64 // the kernel's id of the view's mount, to unmount exactly it
-	switchCreds bool   // root: act as each caller
-	// auth counts the view's context switches and reloads: with the
-	// host's renames, its generation (generation).
-	auth  atomic.Uint64
-	cache kernelCache // what the kernel caches of the view
-	// reloadOld: the rules before the reload being applied (Invalidate).
-	reloadOld *acl.Config
-	hub       *hub   // the hub serving the view, if any
-	hubName   string // the view's directory in the hub
-	gen       uint64 // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev   uint64 // the memories backing's device, mixed into inode numbers
-	groups    groupCache
-	log       *slog.Logger
-	closed    atomic.Bool
-	unmounts  sync.Once
-	// mountedAt is the mount root's timestamp.
-	mountedAt time.Time
+	host   *Host
+	opts   Options
+	log    *slog.Logger
+	closed atomic.Bool
+	authz  authority
+	spaces [2]*backing
+	// backingMu: closeBacking runs once (from Unmount or the last forget).
+	backingMu sync.Mutex
+	root      *rootNode
+	mnt       mountState
+	cache     kernelCache // what the kernel caches of the view
+	handles   handleSet   // open files, for revocation
+	caller    callerState
+	stats     viewStats
+}
 
-	backingMu sync.Mutex // closeBacking runs once (from Unmount or the last forget)
+// mountState is how a view is mounted and numbers its nodes; fixed once
+// it is mounted.
+type mountState struct {
+	fsOpts  *fs.Options
+	conn    *conn     // the view's own connection; nil in a hub (or not mounted)
+	id      uint64    // the kernel's id of the view's mount, to unmount exactly it
+	hub     *hub      // the hub serving the view, if any
+	hubName string    // the view's directory in the hub
+	gen     uint64    // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev uint64    // the memories backing's device, mixed into inode numbers
+	at      time.Time // the mount root's timestamp
+	once    sync.Once // Unmount runs once
+}
 
-	handles handleSet // open files, for revocation
-
+// viewStats are a view's counters.
+type viewStats struct {
 	// lockWaiters counts the view's blocking lock requests waiting (node_locks.go).
 	lockWaiters atomic.Int32
-	// acting holds a token for each of the view's requests acting at once
-	// (acting.go).
-	acting chan struct{}
-
 	// reads counts READ requests the daemon served.
 	reads atomic.Int64
 	// panics counts FUSE operations that panicked (and failed with EIO).
@@ -171,7 +164,7 @@ func (h *Host) Mount(opts Options) (*View, error) {
 		v.closeBacking()
 		return nil, err
 	}
-	if v.hub != nil {
+	if v.mnt.hub != nil {
 		err = v.mountHub()
 	} else {
 		err = v.mount()
@@ -211,16 +204,17 @@ func (h *Host) newView(opts Options) (*View, error) {
 		opts.AttrTimeout = DefaultAttrTimeout
 	}
 	v := &View{
-		host: h, opts: opts, rules: opts.Rules, log: h.log,
-		mountedAt: time.Now(), switchCreds: os.Geteuid() == 0,
+		host: h, opts: opts, log: h.log,
+		mnt: mountState{at: time.Now(), gen: 1},
 		cache: kernelCache{
 			lists:    listings{listed: map[*fs.Inode]*listed{}},
 			absences: nameSet{max: maxAbsences}, plusRuled: nameSet{max: maxPlusRuled},
 		},
-		acting: make(chan struct{}, maxActingPerView()),
+		caller: callerState{switchCreds: os.Geteuid() == 0, acting: make(chan struct{}, maxActingPerView())},
 	}
+	v.authz.rules = opts.Rules
 	set := opts.Context
-	v.atoms.Store(&set)
+	v.authz.atoms.Store(&set)
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
 		b, err := h.backings.acquire(dir)
 		if err != nil {
@@ -234,17 +228,16 @@ func (h *Host) newView(opts Options) (*View, error) {
 		h.watcher.watchesLinks(b)
 		h.watcher.watchAbove(b)
 	}
-	v.rootDev = v.spaces[0].dev
-	v.gen = 1
+	v.mnt.rootDev = v.spaces[0].dev
 	if h.hub != nil {
-		v.hub = h.hub
-		v.gen = h.hub.seq.Add(1) + 1
+		v.mnt.hub = h.hub
+		v.mnt.gen = h.hub.seq.Add(1) + 1
 	}
 	v.root = &rootNode{view: v}
-	v.rootAccess = newRootAccess(v)
+	v.root.access = newRootAccess(v)
 	h.register(v) // until closeBacking: renames through other views reach its handles
 	zero := time.Duration(0)
-	v.fsOpts = &fs.Options{
+	v.mnt.fsOpts = &fs.Options{
 		EntryTimeout:    &opts.AttrTimeout,
 		AttrTimeout:     &opts.AttrTimeout,
 		NegativeTimeout: &zero,
@@ -287,7 +280,7 @@ func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
 
 // admits reports whether uid may enter the view.
 func (v *View) admits(uid uint32) bool {
-	if v.hub != nil && !v.opts.AllowOther && int(uid) != self.uid {
+	if v.mnt.hub != nil && !v.opts.AllowOther && int(uid) != self.uid {
 		// The hub is mounted allow_other; a view without it admits the
 		// daemon's uid alone, as the kernel would.
 		return false
@@ -385,13 +378,13 @@ func (v *View) mount() error {
 		defer unix.Close(mpfd)
 	}
 	c, err := mountConn(connOptions{
-		mp: v.opts.Mountpoint, mpfd: mpfd, root: v.root, fsOpts: v.fsOpts, fusermount: true, log: v.log,
-		guard: guardFS{panics: &v.panics, log: v.log, observe: v.host.observe},
+		mp: v.opts.Mountpoint, mpfd: mpfd, root: v.root, fsOpts: v.mnt.fsOpts, fusermount: true, log: v.log,
+		guard: guardFS{panics: &v.stats.panics, log: v.log, observe: v.host.observe},
 	})
 	if err != nil {
 		return err
 	}
-	v.conn, v.mntID = c, c.mntID
+	v.mnt.conn, v.mnt.id = c, c.mntID
 	v.log.Debug("view mounted", "mountpoint", v.opts.Mountpoint, "inc_epoch", c.epoch.Load())
 	return nil
 }
@@ -405,10 +398,10 @@ func (v *View) mountHub() error {
 	if v.opts.MountFD <= 0 {
 		defer unix.Close(mpfd)
 	}
-	if err := v.hub.attach(v, mpfd); err != nil {
+	if err := v.mnt.hub.attach(v, mpfd); err != nil {
 		return fmt.Errorf("mount %s: %w", v.opts.Mountpoint, err)
 	}
-	v.log.Debug("view mounted from the hub", "mountpoint", v.opts.Mountpoint, "hub", v.hub.dir, "name", v.hubName)
+	v.log.Debug("view mounted from the hub", "mountpoint", v.opts.Mountpoint, "hub", v.mnt.hub.dir, "name", v.mnt.hubName)
 	return nil
 }
 
@@ -482,7 +475,7 @@ func incEpoch(devFD int) error {
 }
 
 // auditDeny reports a denial with the context it was decided in.
-func (v *View) auditDeny(atoms cctx.Set, sp acl.Space, path, op string) {
+func (v *View) auditDeny(atoms cctx.Set, sp space, path, op string) {
 	if v.opts.OnDeny != nil {
 		v.opts.OnDeny(atoms, sp, path, op)
 	}
@@ -491,10 +484,10 @@ func (v *View) auditDeny(atoms cctx.Set, sp acl.Space, path, op string) {
 // generation changes with every event that can change one of the view's
 // decisions: its switches and reloads, and renames through any view of its
 // host. Both counts only grow, so their sum changes whenever either does.
-func (v *View) generation() uint64 { return v.auth.Load() + v.host.renames.Load() }
+func (v *View) generation() uint64 { return v.authz.changes.Load() + v.host.renames.Load() }
 
 // Context returns the view's current context.
-func (v *View) Context() cctx.Set { return *v.atoms.Load() }
+func (v *View) Context() cctx.Set { return *v.authz.atoms.Load() }
 
 // Owner is the uid the view serves.
 func (v *View) Owner() uint32 { return v.opts.Owner }
@@ -506,15 +499,8 @@ func (v *View) Mountpoint() string { return v.opts.Mountpoint }
 // answers for a path whose decision changed, and open handles on newly
 // denied files fail their next read or write.
 func (v *View) SetContext(set cctx.Set) error {
-	v.atoms.Store(&set)
+	v.authz.atoms.Store(&set)
 	return v.invalidate(true)
-}
-
-// Invalidate drops the kernel's cached entries after the rules changed
-// from old (nil: unknown, everything is dropped one by one).
-func (v *View) Invalidate(old *acl.Config) error {
-	v.reloadOld = old
-	return v.invalidate(false)
 }
 
 // invalidate drops cached entries and re-decides open files. A context
@@ -526,7 +512,7 @@ func (v *View) invalidate(scoped bool) error {
 	if v.closed.Load() {
 		return errors.New("view is unmounted")
 	}
-	v.auth.Add(1)
+	v.authz.changes.Add(1)
 	if !scoped {
 		// Every listing decided with the old rules has its nodes in the
 		// tree before the reload looks for entries to drop.
@@ -537,7 +523,7 @@ func (v *View) invalidate(scoped bool) error {
 			// Only entries a rule governs can change their decision; the
 			// walk descends only where a rule names a path below.
 			d := v.decision()
-			ruled := func(sp acl.Space, p string) bool {
+			ruled := func(sp space, p string) bool {
 				_, r := d.path(sp, p)
 				return r
 			}
@@ -551,7 +537,7 @@ func (v *View) invalidate(scoped bool) error {
 		// those whose decision changed. Each notification waits for the
 		// directory's readdir to finish linking. (Only a view whose
 		// listings handed out entries since the last reload can have one.)
-		v.invalidateChanged(v.reloadOld, v.rules.Load())
+		v.invalidateChanged()
 	}
 	if scoped {
 		v.dropListings(v.switchChanges)
@@ -570,19 +556,17 @@ func (v *View) invalidate(scoped bool) error {
 }
 
 // invalidateChanged drops the cached entries whose decision differs between
-// the old rules and cfg (all of a space whose hiding of multiply-linked
-// files changed; everything when old is unknown).
-func (v *View) invalidateChanged(old, cfg *acl.Config) {
-	if old == nil {
+// the rules before the reload and now (all of a space whose hiding of
+// multiply-linked files changed; everything when the old rules are unknown).
+func (v *View) invalidateChanged() {
+	before, known := v.reloadedFrom()
+	if !known {
 		v.invalidateEntries(v.root.EmbeddedInode())
 		return
 	}
 	now := v.decision()
-	now.cfg = cfg
-	before := now
-	before.cfg = old
-	changed := func(sp acl.Space, p string) bool { return now.changedFrom(before, sp, p) }
-	v.dropWhere(func(acl.Space, string) bool { return true }, changed)
+	changed := func(sp space, p string) bool { return now.changedFrom(before, sp, p) }
+	v.dropWhere(func(space, string) bool { return true }, changed)
 }
 
 // bumpEpoch invalidates every cached entry of the view's connection at once,
@@ -590,17 +574,17 @@ func (v *View) invalidateChanged(old, cfg *acl.Config) {
 // serves every session: a context switch concerns one session, so only a
 // reload (unscoped) bumps a hub's epoch.
 func (v *View) bumpEpoch(scoped bool) bool {
-	if v.hub != nil {
-		return !scoped && v.hub.conn.bumpEpoch(v.log)
+	if v.mnt.hub != nil {
+		return !scoped && v.mnt.hub.conn.bumpEpoch(v.log)
 	}
-	return v.conn.bumpEpoch(v.log)
+	return v.mnt.conn.bumpEpoch(v.log)
 }
 
 // dropWhere drops, deepest first, the cached entries of every space (its
 // root entry included) whose path drop selects, descending into a cached
 // directory where descend says. Every invalidation walk is this one, with
 // its own selection.
-func (v *View) dropWhere(descend, drop func(sp acl.Space, p string) bool) {
+func (v *View) dropWhere(descend, drop func(sp space, p string) bool) {
 	root := v.root.EmbeddedInode()
 	v.notifyEntry(root, barrierName) // see dropCached
 	for name, child := range root.Children() {
@@ -654,10 +638,10 @@ func (v *View) linkedOn(devs map[uint64]bool) {
 	}
 	d, dropped := v.decision(), false
 	for sp, b := range v.spaces {
-		if b == nil || !devs[b.dev] || !d.hidesLinked(acl.Space(sp)) {
+		if b == nil || !devs[b.dev] || !d.hidesLinked(space(sp)) {
 			continue
 		}
-		if in := v.root.GetChild(acl.Space(sp).String()); in != nil {
+		if in := v.root.GetChild(space(sp).String()); in != nil {
 			v.invalidateEntries(in)
 		}
 		dropped = true
@@ -669,16 +653,16 @@ func (v *View) linkedOn(devs map[uint64]bool) {
 
 // Panics counts the FUSE operations that panicked; each failed with EIO
 // and nothing else was affected.
-func (v *View) Panics() int64 { return v.panics.Load() }
+func (v *View) Panics() int64 { return v.stats.panics.Load() }
 
 // DaemonReads counts READ requests the daemon served (page-cache hits never
 // reach it).
-func (v *View) DaemonReads() int64 { return v.reads.Load() }
+func (v *View) DaemonReads() int64 { return v.stats.reads.Load() }
 
 // Unmount unmounts the view and waits for its server to stop.
 func (v *View) Unmount() error {
 	var err error
-	v.unmounts.Do(func() {
+	v.mnt.once.Do(func() {
 		v.closed.Store(true)
 		// Files still open in the view decide no more (closed), and their
 		// cached pages go, so that nothing is read through it from now.
@@ -688,18 +672,18 @@ func (v *View) Unmount() error {
 			w.removeOwner(v)
 		}
 		v.host.unregister(v)
-		if v.hub != nil {
+		if v.mnt.hub != nil {
 			// The bind mount goes (by its id, as below); the view's nodes
 			// live on in the hub until the kernel forgets them, and no
 			// operation on them does anything now (closed). The backing
 			// directories are closed when the last is forgotten.
-			if v.mntID != 0 {
+			if v.mnt.id != 0 {
 				err = v.unmountOwn()
 			}
-			v.hub.detach(v)
+			v.mnt.hub.detach(v)
 			return
 		}
-		if v.conn == nil {
+		if v.mnt.conn == nil {
 			v.closeBacking()
 			return
 		}
@@ -710,7 +694,7 @@ func (v *View) Unmount() error {
 		// user leaves; the view does nothing meanwhile (closed), and its
 		// descriptors go when the connection ends.
 		err = v.unmountOwn()
-		v.conn.release(time.Second, v.log, v.closeBacking)
+		v.mnt.conn.release(time.Second, v.log, v.closeBacking)
 	})
 	return err
 }
@@ -738,10 +722,10 @@ func (v *View) unmountOwn() error {
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
 		return fmt.Errorf("unmount %s: %w", mp, err)
 	}
-	if stx.Mnt_id != v.mntID {
-		return fmt.Errorf("unmount %s: the mount there is not this view's (mount id %d, ours %d); left alone", mp, stx.Mnt_id, v.mntID)
+	if stx.Mnt_id != v.mnt.id {
+		return fmt.Errorf("unmount %s: the mount there is not this view's (mount id %d, ours %d); left alone", mp, stx.Mnt_id, v.mnt.id)
 	}
-	if v.conn != nil && v.conn.fusermount {
+	if v.mnt.conn != nil && v.mnt.conn.fusermount {
 		// fusermount3 resolves the path itself, with the daemon's own
 		// (unprivileged) authority.
 		return fusermountUnmount(mp)

@@ -10,7 +10,11 @@ NOSTALE := TestContextFlips|TestAtk2|TestSwitchDuringListings|TestRuledListingCa
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/condfs
+	# The client without cgo (net and os/user in pure Go, so a static binary):
+	# it starts for every run and hook call, and the dynamic loader and cgo's
+	# start were a quarter of a run's cost (docs/performance.md).
+	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/condfs
+	$(GO) build -o bin/ ./cmd/condfsd
 
 # The whole test suite. Integration tests need root and /dev/fuse; in CI
 # (CI=true) they must run, elsewhere they skip with a reason.

@@ -39,11 +39,25 @@ type fixture struct {
 
 var fx *fixture
 
-func build(dir, pkg, out string) error {
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+// buildCondfs builds the client and the daemon binary into dir as make
+// build does (the client without cgo).
+func buildCondfs(dir string) error {
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/condfs")
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build condfs: %v\n%s", err, b)
+	}
+	return build("..", dir+"/", "./cmd/condfsd")
+}
+
+// build builds the packages pkgs of the module in dir: into out, or into
+// the directory out names when it ends in a slash.
+func build(dir, out string, pkgs ...string) error {
+	cmd := exec.Command("go", append([]string{"build", "-o", out}, pkgs...)...)
 	cmd.Dir = dir
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build %s: %v\n%s", pkg, err, b)
+		return fmt.Errorf("build %s: %v\n%s", pkgs, err, b)
 	}
 	return nil
 }
@@ -81,10 +95,10 @@ func setup() (*fixture, error) {
 		return f, err
 	}
 	bin := filepath.Join(tmp, "bin")
-	if err := build("..", "./cmd/condfs", filepath.Join(bin, "condfs")); err != nil {
+	if err := buildCondfs(bin); err != nil {
 		return f, err
 	}
-	if err := build(".", "./loopback", filepath.Join(bin, "loopback")); err != nil {
+	if err := build(".", filepath.Join(bin, "loopback"), "./loopback"); err != nil {
 		return f, err
 	}
 	if benchUID > 0 {

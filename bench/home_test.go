@@ -22,7 +22,7 @@ func newRunHome(b *testing.B, conditions, policy string, serve ...string) *runHo
 	b.Helper()
 	dir := b.TempDir()
 	h := &runHome{bin: filepath.Join(dir, "condfs"), root: filepath.Join(dir, "home")}
-	if err := build("..", "./cmd/condfs", h.bin); err != nil {
+	if err := buildCondfs(dir); err != nil {
 		b.Fatal(err)
 	}
 	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace", "mnt"} {

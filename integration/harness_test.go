@@ -30,8 +30,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The client and, beside it, the daemon binary it executes.
 	condfsBin = filepath.Join(dir, "condfs")
-	out, err := exec.Command("go", "build", "-race", "-tags", "condfstest", "-o", condfsBin, "../cmd/condfs").CombinedOutput()
+	out, err := exec.Command("go", "build", "-race", "-tags", "condfstest", "-o", dir+"/", "../cmd/condfs", "../cmd/condfsd").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build condfs: %v\n%s", err, out)
 		os.Exit(1)

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	condfsBin, serverBin = filepath.Join(dir, "condfs"), filepath.Join(dir, "testserver")
-	for pkg, out := range map[string]string{"../cmd/condfs": condfsBin, "./internal/testserver": serverBin} {
+	for pkg, out := range map[string]string{"../cmd/condfs": condfsBin, "../cmd/condfsd": filepath.Join(dir, "condfsd"), "./internal/testserver": serverBin} {
 		if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, b)
 			os.Exit(1)

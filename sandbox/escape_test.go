@@ -412,16 +412,16 @@ func TestCwd(t *testing.T) {
 	}
 }
 
-// TestCondfsBinaryAsInit runs a command with the real condfs binary as the
-// init, as the daemon does (cmd/condfs dispatches "sandbox-init").
+// TestCondfsBinaryAsInit runs a command with the real daemon binary as the
+// init, as the daemon does (cmd/condfsd dispatches "sandbox-init").
 func TestCondfsBinaryAsInit(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the root run covers it; the nested run as 65534 has no Go toolchain cache")
 	}
-	bin := filepath.Join(t.TempDir(), "condfs")
-	build := exec.Command("go", "build", "-o", bin, "github.com/condfs/condfs/cmd/condfs")
+	bin := filepath.Join(t.TempDir(), "condfsd")
+	build := exec.Command("go", "build", "-o", bin, "github.com/condfs/condfs/cmd/condfsd")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build condfs: %v\n%s", err, out)
+		t.Fatalf("build condfsd: %v\n%s", err, out)
 	}
 	old := initPath
 	initPath = bin

@@ -37,11 +37,11 @@ func step(name string, err error) error {
 	return &stepError{name, err}
 }
 
-// InitMain is the sandbox's init: cmd/condfs calls it first thing when its
+// InitMain is the sandbox's init: cmd/condfsd calls it first thing when its
 // first argument is "sandbox-init". It never returns.
 func InitMain() {
 	// Only Start's init is PID 1 of its own namespace: anything else (a
-	// user typing "condfs sandbox-init") must not remount the host's tree.
+	// user typing "condfsd sandbox-init") must not remount the host's tree.
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "condfs sandbox-init: only the daemon starts a sandbox's init")
 		os.Exit(exitInitFailed)

@@ -9,7 +9,7 @@ import (
 )
 
 // TestMain makes the test binary a sandbox init when Start re-executes it,
-// as cmd/condfs does.
+// as cmd/condfsd does.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == initArg {
 		InitMain()

@@ -74,7 +74,7 @@ func run(n int, conns string, keep bool, nofile int) error {
 	os.WriteFile(filepath.Join(home, "memories/private/a.md"), []byte("a"), 0o644)
 	os.WriteFile(filepath.Join(home, "workspace/guild/b.md"), []byte("b"), 0o644)
 	bin := filepath.Join(tmp, "condfs")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/condfs")
+	build := exec.Command("go", "build", "-o", tmp+"/", "./cmd/condfs", "./cmd/condfsd")
 	build.Dir = ".."
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build: %v\n%s", err, out)

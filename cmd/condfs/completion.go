@@ -6,6 +6,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/condfs/condfs/internal/cli"
 )
 
 // compNode is a command or subcommand, with the flags and subcommands its
@@ -44,14 +46,14 @@ func completionTree() []compNode {
 	}
 	var tree []compNode
 	for _, c := range commands() {
-		if c.run == nil || c.name == "completion" {
+		if c.Run == nil || c.Name == "completion" {
 			continue
 		}
-		text := help(c.name)
-		n := compNode{name: c.name, flags: flagsOf(text)}
+		text := help(c.Name)
+		n := compNode{name: c.Name, flags: flagsOf(text)}
 		var subs []string
 		for _, m := range usageSub().FindAllStringSubmatch(text, -1) {
-			if m[1] == c.name && !slices.Contains(subs, m[2]) {
+			if m[1] == c.Name && !slices.Contains(subs, m[2]) {
 				subs = append(subs, m[2])
 			}
 		}
@@ -64,7 +66,7 @@ func completionTree() []compNode {
 			}
 		}
 		for _, s := range subs {
-			n.subs = append(n.subs, compNode{name: s, flags: flagsOf(help(c.name, s))})
+			n.subs = append(n.subs, compNode{name: s, flags: flagsOf(help(c.Name, s))})
 		}
 		tree = append(tree, n)
 	}
@@ -80,16 +82,16 @@ func names(ns []compNode) string {
 }
 
 func runCompletion(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("completion", "condfs completion bash|zsh|fish",
+	fs := cli.NewFlags("completion", "condfs completion bash|zsh|fish",
 		`Print a completion script for the shell, made from the commands' own --help.
   bash: source <(condfs completion bash)   (or save it in /etc/bash_completion.d/condfs)
   zsh:  condfs completion zsh > "${fpath[1]}/_condfs"
   fish: condfs completion fish > ~/.config/fish/completions/condfs.fish`, stderr)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return usageErr(stderr, fs, "want one shell: bash, zsh or fish")
+		return cli.UsageErr(stderr, fs, "want one shell: bash, zsh or fish")
 	}
 	tree := completionTree()
 	switch fs.Arg(0) {
@@ -100,7 +102,7 @@ func runCompletion(args []string, stdout, stderr io.Writer) error {
 	case "fish":
 		writeFish(stdout, tree)
 	default:
-		return usageErr(stderr, fs, "unknown shell %q: want bash, zsh or fish", fs.Arg(0))
+		return cli.UsageErr(stderr, fs, "unknown shell %q: want bash, zsh or fish", fs.Arg(0))
 	}
 	return nil
 }

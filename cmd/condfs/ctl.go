@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -14,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/cli"
 )
 
 const ctlUsage = `Usage: condfs ctl [--socket PATH] [--json] COMMAND ...
@@ -40,7 +40,7 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 	fs := pflag.NewFlagSet("ctl", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.SetInterspersed(true)
-	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	socket := fs.String("socket", cli.EnvOr("CONDFS_SOCKET", cli.DefaultSocket()), "control socket path (env CONDFS_SOCKET)")
 	asJSON := fs.Bool("json", false, "print the raw JSON result")
 	a := &ctlArgs{stderr: stderr}
 	fs.StringArrayVar(&a.atoms, "context", nil, "a context atom, or one JSON context; repeat")
@@ -56,22 +56,22 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
 		}
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
 	a.rest = fs.Args()
 	if len(a.rest) == 0 {
 		fs.Usage()
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
 	build, ok := ctlCommands[a.rest[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "condfs ctl: unknown command %q\n\n", a.rest[0])
 		fs.Usage()
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
 	if bad := foreignFlag(fs, a.rest[0]); bad != "" {
 		fmt.Fprintf(stderr, "condfs ctl %s does not take --%s (see condfs ctl --help)\n", a.rest[0], bad)
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
 	method, params, err := build(a)
 	if err != nil {
@@ -113,13 +113,13 @@ type ctlArgs struct {
 func (a *ctlArgs) need(n int, form string) error {
 	if len(a.rest) != n {
 		fmt.Fprintf(a.stderr, "condfs ctl: usage: condfs ctl %s\n", form)
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
 	return nil
 }
 
 func (a *ctlArgs) ctxParam() (json.RawMessage, error) {
-	set, err := parseContextFlags(a.atoms)
+	set, err := cli.ParseContext(a.atoms)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +176,7 @@ func ctlContext(a *ctlArgs) (string, any, error) {
 	if len(a.rest) == 2 {
 		return "context.get", map[string]any{"session": a.rest[1]}, nil
 	}
-	set, err := parseContextFlags(a.rest[2:])
+	set, err := cli.ParseContext(a.rest[2:])
 	if err != nil {
 		return "", nil, err
 	}
@@ -217,7 +217,7 @@ func ctlCheck(a *ctlArgs) (string, any, error) {
 func ctlDecide(a *ctlArgs) (string, any, error) {
 	if a.tool == "" {
 		fmt.Fprintln(a.stderr, "condfs ctl decide: --tool is required")
-		return "", nil, exitError{exitUsage}
+		return "", nil, cli.Exit(cli.ExitUsage)
 	}
 	if !json.Valid([]byte(a.argsJSON)) {
 		return "", nil, fmt.Errorf("--args is not valid JSON")
@@ -264,7 +264,7 @@ func ctlCall(socket, cmd, method string, params any, asJSON bool, stdout, stderr
 		var rpcErr *control.Error
 		if errors.As(err, &rpcErr) {
 			fmt.Fprintf(stderr, "condfs ctl %s: %s\n", cmd, rpcErr.Message)
-			return exitError{exitFail}
+			return cli.Exit(cli.ExitFail)
 		}
 		return err
 	}
@@ -273,13 +273,6 @@ func ctlCall(socket, cmd, method string, params any, asJSON bool, stdout, stderr
 		return err
 	}
 	return printHuman(stdout, method, result)
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // printHuman renders a result for people.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/cli"
 	"github.com/condfs/condfs/internal/jsonwire"
 )
 
@@ -28,29 +29,29 @@ func runHook(args []string, stdout, stderr io.Writer) error {
 			return nil
 		}
 		fmt.Fprintln(stderr, "condfs hook: usage: condfs hook claude-code [--socket S] (--session ID | --context ATOM...) [--role R]...")
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
-	fs := newFlags("hook claude-code",
+	fs := cli.NewFlags("hook claude-code",
 		"condfs hook claude-code [--socket S] (--session ID | --context ATOM...) [--role R]... [--timeout 2s]",
 		`A Claude Code PreToolUse hook: reads the hook's JSON on stdin, decides tool_name with
 tool_input as args through the daemon (tool.decide), and prints the permission decision
 (allow, deny, or ask for approval_required). Any failure is a deny, with exit status 0.`, stderr)
-	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	socket := fs.String("socket", cli.EnvOr("CONDFS_SOCKET", cli.DefaultSocket()), "control socket path (env CONDFS_SOCKET)")
 	session := fs.String("session", "", "the condfs session whose context when() tests")
 	atoms := fs.StringArray("context", nil, "the context, when there is no session: an atom (repeat) or a JSON description")
 	roles := fs.StringArray("role", nil, "a caller role; repeat")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the daemon")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	if err := cli.ParseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	if (*session == "") == (len(*atoms) == 0) {
-		return usageErr(stderr, fs, "give --session or --context (one of them)")
+		return cli.UsageErr(stderr, fs, "give --session or --context (one of them)")
 	}
 	var ctxParam []string
 	if len(*atoms) > 0 {
-		set, err := parseContextFlags(*atoms)
+		set, err := cli.ParseContext(*atoms)
 		if err != nil {
-			return usageErr(stderr, fs, "--context: %v", err)
+			return cli.UsageErr(stderr, fs, "--context: %v", err)
 		}
 		ctxParam = set.Atoms()
 	}

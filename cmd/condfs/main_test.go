@@ -21,7 +21,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	condfsBin = filepath.Join(dir, "condfs")
-	out, err := exec.Command("go", "build", "-o", condfsBin, ".").CombinedOutput()
+	// The client and, beside it, the daemon binary it executes.
+	out, err := exec.Command("go", "build", "-o", dir+"/", ".", "../condfsd").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
 		os.Exit(1)
@@ -79,5 +80,42 @@ func TestCtlFlagsBelongToTheirCommand(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, "does not take --") {
 			t.Errorf("%v: exit %d, %q", args, r.code, r.stderr)
 		}
+	}
+}
+
+// TestClientAlone: the client binary without condfsd beside it or on PATH
+// runs its own commands and says what is missing for the daemon's.
+func TestClientAlone(t *testing.T) {
+	dir := t.TempDir()
+	data, err := os.ReadFile(condfsBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := filepath.Join(dir, "condfs")
+	if err := os.WriteFile(alone, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(alone, args...)
+		cmd.Env = []string{"PATH=" + dir}
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return string(out), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	for _, c := range []string{"serve", "policy", "mcp"} {
+		out, code := run(c, "--help")
+		if code != 1 || !strings.Contains(out, "condfsd (the daemon and the offline tools) is neither beside this binary nor on PATH") {
+			t.Errorf("condfs %s without condfsd: exit %d, %q", c, code, out)
+		}
+	}
+	if out, code := run("ctl", "--socket", filepath.Join(dir, "none.sock"), "status"); code != 1 || !strings.Contains(out, "none.sock") {
+		t.Errorf("condfs ctl without condfsd: exit %d, %q", code, out)
+	}
+	if out, code := run("help"); code != 0 || !strings.Contains(out, "run a command in a sandbox") {
+		t.Errorf("condfs help without condfsd: exit %d, %q", code, out)
 	}
 }

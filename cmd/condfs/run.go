@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/cli"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
@@ -98,7 +99,7 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, runUsage); fs.PrintDefaults() }
-	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	socket := fs.String("socket", cli.EnvOr("CONDFS_SOCKET", cli.DefaultSocket()), "control socket path (env CONDFS_SOCKET)")
 	session := fs.String("session", "", "the session whose authority the command runs under (required)")
 	roles := fs.StringArray("role", nil, "the caller's role for the policy's exec decision (repeatable)")
 	cwd := fs.String("cwd", "/workspace", "working directory inside the sandbox, under /workspace or /memories")
@@ -107,13 +108,13 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	tty := fs.Bool("tty", false, "give the command a terminal of its own, relayed to and from stdin and stdout")
 	fail := func(format string, a ...any) error {
 		fmt.Fprintf(stderr, "condfs run: "+format+"\n", a...)
-		return exitError{exitRunFailed}
+		return cli.Exit(exitRunFailed)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
 		}
-		return exitError{exitRunFailed}
+		return cli.Exit(exitRunFailed)
 	}
 	argv := fs.Args()
 	switch {
@@ -168,7 +169,7 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 func runAnswer(line []byte, stderr io.Writer) error {
 	fail := func(format string, a ...any) error {
 		fmt.Fprintf(stderr, "condfs run: "+format+"\n", a...)
-		return exitError{exitRunFailed}
+		return cli.Exit(exitRunFailed)
 	}
 	var resp struct {
 		Result *struct {
@@ -189,7 +190,7 @@ func runAnswer(line []byte, stderr io.Writer) error {
 			code = exitRunNotFound
 		}
 		fmt.Fprintf(stderr, "condfs run: %s\n", resp.Error.Message)
-		return exitError{code}
+		return cli.Exit(code)
 	}
 	if resp.Result == nil {
 		return fail("an answer with neither a result nor an error")
@@ -200,5 +201,5 @@ func runAnswer(line []byte, stderr io.Writer) error {
 	if resp.Result.Exit == 0 {
 		return nil
 	}
-	return exitError{resp.Result.Exit}
+	return cli.Exit(resp.Result.Exit)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,33 +8,18 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/daemon"
+	"github.com/condfs/condfs/internal/cli"
 	"github.com/spf13/pflag"
 )
 
-// runDir is where the daemon keeps its socket and, for peers, views: /run/condfs
-// for root, $XDG_RUNTIME_DIR/condfs for an ordinary user (who cannot
-// write /run), else a per-uid directory under the temporary directory.
-func runDir() string {
-	if os.Geteuid() == 0 {
-		return "/run/condfs"
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "condfs")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("condfs-%d", os.Geteuid()))
-}
-
-var defaultSocket = filepath.Join(runDir(), "condfs.sock")
-
 func runServe(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("serve", "condfs serve --root DIR [--socket PATH] [--mount DIR --context ATOM...]",
+	fs := cli.NewFlags("serve", "condfs serve --root DIR [--socket PATH] [--mount DIR --context ATOM...]",
 		`Run the daemon: one control socket, one FUSE view per session, live config reload.
 --root DIR sets the defaults DIR/config/conditions.toml, DIR/config/policy.yaml,
 DIR/blocks/conditional, DIR/memories and DIR/workspace. A missing conditions file
@@ -48,7 +32,7 @@ unmount every view and remove the socket.`, stderr)
 	fs.StringVar(&f.blocks, "blocks-dir", "", "prompt blocks folder (default ROOT/blocks/conditional)")
 	fs.StringVar(&f.memories, "memories", "", "backing directory of memories/ (default ROOT/memories)")
 	fs.StringVar(&f.workspace, "workspace", "", "backing directory of workspace/ (default ROOT/workspace)")
-	fs.StringVar(&f.socket, "socket", defaultSocket, "control socket path (root: /run/condfs/condfs.sock; others: $XDG_RUNTIME_DIR/condfs/condfs.sock)")
+	fs.StringVar(&f.socket, "socket", cli.DefaultSocket(), "control socket path (root: /run/condfs/condfs.sock; others: $XDG_RUNTIME_DIR/condfs/condfs.sock)")
 	fs.StringVar(&f.socketMode, "socket-mode", "0600", "socket file mode (octal)")
 	fs.StringVar(&f.socketGroup, "socket-group", "", "socket file group (name or id)")
 	fs.UintSliceVar(&f.allowUIDs, "allow-uid", nil, "a uid besides the daemon's and root allowed on the socket; repeat")
@@ -57,7 +41,7 @@ unmount every view and remove the socket.`, stderr)
 	fs.StringVar(&f.audit, "audit", "", "audit log file, JSON lines (default: the log on stderr)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.allowOther, "allow-other", os.Geteuid() == 0, "let users other than the daemon's reach the views (root only: the daemon then acts as each caller; each view still admits only its owner)")
-	fs.StringVar(&f.mountRoot, "mount-root", filepath.Join(runDir(), "views"), "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
+	fs.StringVar(&f.mountRoot, "mount-root", filepath.Join(cli.RunDir(), "views"), "where peers other than root and the daemon's uid may have views mounted (the daemon creates the directory)")
 	fs.IntVar(&f.maxConns, "max-conns", 1024, "most control connections served at once; an eighth of them is kept for root and the daemon's uid")
 	fs.IntVar(&f.maxConnsPerUID, "max-conns-per-uid", 0, "most control connections of one uid other than root and the daemon's (default: max-conns/8); while connections are short, such a uid's connections idle for 10s are closed, the uid holding the most first")
 	fs.StringVar(&f.stateDir, "state-dir", "", "where sessions are kept across crashes and restarts (default: the socket's directory; \"none\" keeps none)")
@@ -69,7 +53,7 @@ unmount every view and remove the socket.`, stderr)
 	fs.DurationVar(&f.cacheTTL, "cache-ttl", time.Minute, "how long the kernel may cache entries and attributes no rule governs; inotify on the backing trees keeps them fresh (1s: everything cached for a second, no inotify; use it for backing trees on network filesystems)")
 	fs.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on a Unix socket path or a loopback address such as 127.0.0.1:9464 (default: off)")
 	fs.BoolVar(&f.allowHardlinks, "allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	dcfg, closeAudit, err := f.config(fs, stderr)
@@ -115,18 +99,6 @@ type serveFlags struct {
 	allowHardlinks bool
 }
 
-// parseContextFlags reads --context values: atoms, or one JSON value (an
-// array of atoms or a description object).
-func parseContextFlags(vals []string) (cctx.Set, error) {
-	if len(vals) == 0 {
-		return cctx.Set{}, errors.New(`a context is required: atoms such as --context discord:dm, or --context '{"kind":"none"}'`)
-	}
-	if len(vals) == 1 && (strings.HasPrefix(vals[0], "{") || strings.HasPrefix(vals[0], "[")) {
-		return cctx.Parse([]byte(vals[0]))
-	}
-	return cctx.NewSet(vals)
-}
-
 // defaultConnections: a root daemon shares one FUSE connection among its
 // sessions; one that is not root cannot bind mount, so mounts one each.
 func defaultConnections() string {
@@ -153,37 +125,37 @@ func (f *serveFlags) config(fs *pflag.FlagSet, stderr io.Writer) (cfg daemon.Con
 	def(&f.memories, "memories")
 	def(&f.workspace, "workspace")
 	if f.conditions == "" || f.policy == "" || f.blocks == "" || f.memories == "" || f.workspace == "" {
-		return none, nop, usageErr(stderr, fs, "give --root, or each of --conditions, --policy, --blocks-dir, --memories and --workspace")
+		return none, nop, cli.UsageErr(stderr, fs, "give --root, or each of --conditions, --policy, --blocks-dir, --memories and --workspace")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return none, nop, usageErr(stderr, fs, "--log-level: %v", err)
+		return none, nop, cli.UsageErr(stderr, fs, "--log-level: %v", err)
 	}
 	mode, err := strconv.ParseUint(f.socketMode, 8, 32)
 	if err != nil || mode&^0o777 != 0 {
-		return none, nop, usageErr(stderr, fs, "--socket-mode %q: want octal permission bits such as 0600", f.socketMode)
+		return none, nop, cli.UsageErr(stderr, fs, "--socket-mode %q: want octal permission bits such as 0600", f.socketMode)
 	}
 	group, err := control.SocketGroup(f.socketGroup)
 	if err != nil {
-		return none, nop, usageErr(stderr, fs, "%v", err)
+		return none, nop, cli.UsageErr(stderr, fs, "%v", err)
 	}
 	if f.maxConns < 0 || f.maxConnsPerUID < 0 {
-		return none, nop, usageErr(stderr, fs, "--max-conns and --max-conns-per-uid must not be negative")
+		return none, nop, cli.UsageErr(stderr, fs, "--max-conns and --max-conns-per-uid must not be negative")
 	}
 	var first *cctx.Set
 	if f.mount != "" {
 		abs, err := filepath.Abs(f.mount)
 		if err != nil {
-			return none, nop, usageErr(stderr, fs, "--mount: %v", err)
+			return none, nop, cli.UsageErr(stderr, fs, "--mount: %v", err)
 		}
 		f.mount = abs
-		set, err := parseContextFlags(f.atoms)
+		set, err := cli.ParseContext(f.atoms)
 		if err != nil {
-			return none, nop, usageErr(stderr, fs, "--context: %v", err)
+			return none, nop, cli.UsageErr(stderr, fs, "--context: %v", err)
 		}
 		first = &set
 	} else if len(f.atoms) > 0 {
-		return none, nop, usageErr(stderr, fs, "--context needs --mount")
+		return none, nop, cli.UsageErr(stderr, fs, "--context needs --mount")
 	}
 	return f.configure(fs, stderr, level, mode, group, first)
 }
@@ -213,7 +185,7 @@ func (f *serveFlags) configure(fs *pflag.FlagSet, stderr io.Writer, level slog.L
 	switch f.connections {
 	case "shared":
 		if os.Geteuid() != 0 {
-			return none, nop, usageErr(stderr, fs, "--connections=shared needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
+			return none, nop, cli.UsageErr(stderr, fs, "--connections=shared needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
 		}
 		if f.hubDir == "" {
 			f.hubDir = filepath.Join(filepath.Dir(f.socket), "hub")
@@ -221,10 +193,10 @@ func (f *serveFlags) configure(fs *pflag.FlagSet, stderr io.Writer, level slog.L
 	case "per-session":
 		f.hubDir = ""
 	default:
-		return none, nop, usageErr(stderr, fs, "--connections %q: want shared or per-session", f.connections)
+		return none, nop, cli.UsageErr(stderr, fs, "--connections %q: want shared or per-session", f.connections)
 	}
 	if f.allowOther && os.Geteuid() != 0 {
-		return none, nop, usageErr(stderr, fs, "--allow-other needs a root daemon: one that cannot act as its callers serves its own uid only")
+		return none, nop, cli.UsageErr(stderr, fs, "--allow-other needs a root daemon: one that cannot act as its callers serves its own uid only")
 	}
 	var uids []uint32
 	for _, u := range f.allowUIDs {
@@ -256,7 +228,7 @@ func serveDaemon(dcfg daemon.Config, stderr io.Writer) error {
 	d, err := daemon.New(dcfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "condfs serve: %v\n", err)
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
 	served := make(chan error, 1)
 	go func() { served <- d.Serve() }()
@@ -271,7 +243,7 @@ func serveDaemon(dcfg daemon.Config, stderr io.Writer) error {
 	}
 	if err := d.Close(); err != nil {
 		logger.Error("shutdown", "err", err)
-		return exitError{exitFail}
+		return cli.Exit(cli.ExitFail)
 	}
 	return nil
 }

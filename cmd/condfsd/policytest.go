@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/condfs/condfs/constraints"
+	"github.com/condfs/condfs/internal/cli"
 	"github.com/condfs/condfs/internal/configfile"
 )
 
@@ -27,7 +28,7 @@ type policyTestCase struct {
 // the case's FILE:LINE:COL, then "N passed, N failed". Exit status 1 on a
 // failure, 2 when the policy or a test file fails to load.
 func policyTest(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("policy test", "condfs policy test --policy FILE [--coverage] TESTS...",
+	fs := cli.NewFlags("policy test", "condfs policy test --policy FILE [--coverage] TESTS...",
 		`Decide each case of the test files against the policy and compare. A test file is a YAML
 list of cases:
   - name: a refund over the order total is denied
@@ -37,14 +38,14 @@ list of cases:
 --coverage also lists, per role and tool, each constraint no case made false.`, stderr)
 	policy := fs.String("policy", "", "the policy file (YAML)")
 	coverage := fs.Bool("coverage", false, "list the constraints no case made false")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if *policy == "" {
-		return usageErr(stderr, fs, "--policy is required")
+		return cli.UsageErr(stderr, fs, "--policy is required")
 	}
 	if fs.NArg() == 0 {
-		return usageErr(stderr, fs, "give at least one test file")
+		return cli.UsageErr(stderr, fs, "give at least one test file")
 	}
 	p, err := loadPolicy(*policy, stderr, false)
 	if err != nil {
@@ -55,7 +56,7 @@ list of cases:
 		cs, err := loadPolicyTests(f)
 		if err != nil {
 			fmt.Fprintln(stderr, err)
-			return exitError{exitUsage}
+			return cli.Exit(cli.ExitUsage)
 		}
 		cases = append(cases, cs...)
 	}
@@ -93,7 +94,7 @@ list of cases:
 	}
 	fmt.Fprintf(stdout, "%d passed, %d failed\n", passed, failed)
 	if failed > 0 {
-		return exitError{1}
+		return cli.Exit(1)
 	}
 	return nil
 }

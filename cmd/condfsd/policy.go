@@ -11,6 +11,7 @@ import (
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/cli"
 )
 
 func runPolicy(args []string, stdout, stderr io.Writer) error {
@@ -38,7 +39,7 @@ Exit status: 0 for any decision (test: 1 when a case fails), 2 when the policy o
 test file fails to load.
 `)
 		if len(args) == 0 {
-			return exitError{exitUsage}
+			return cli.Exit(cli.ExitUsage)
 		}
 		return nil
 	}
@@ -51,7 +52,7 @@ test file fails to load.
 		return policyTest(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "condfs policy: unknown subcommand %q (want lint, eval or test)\n", args[0])
-	return exitError{exitUsage}
+	return cli.Exit(cli.ExitUsage)
 }
 
 // loadPolicy loads a policy, printing diagnostics; a load failure is exit 2.
@@ -64,7 +65,7 @@ func loadPolicy(path string, stderr io.Writer, warnings bool) (*constraints.Poli
 		} else {
 			fmt.Fprintf(stderr, "%s:1:1: %v\n", path, err)
 		}
-		return nil, exitError{exitUsage}
+		return nil, cli.Exit(cli.ExitUsage)
 	}
 	if warnings {
 		for _, w := range p.Warnings() {
@@ -75,12 +76,12 @@ func loadPolicy(path string, stderr io.Writer, warnings bool) (*constraints.Poli
 }
 
 func policyLint(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("policy lint", "condfs policy lint FILE", "Load a policy file and print every error and warning.", stderr)
-	if err := parseFlags(fs, args); err != nil {
+	fs := cli.NewFlags("policy lint", "condfs policy lint FILE", "Load a policy file and print every error and warning.", stderr)
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return usageErr(stderr, fs, "want exactly one FILE")
+		return cli.UsageErr(stderr, fs, "want exactly one FILE")
 	}
 	p, err := loadPolicy(fs.Arg(0), stderr, false)
 	if err != nil {
@@ -103,7 +104,7 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func policyEval(args []string, stdout, stderr io.Writer, stdin io.Reader) error {
-	fs := newFlags("policy eval",
+	fs := cli.NewFlags("policy eval",
 		"condfs policy eval --policy FILE [--role R]... --tool T --args JSON [--ctx JSON] [--context ATOM]...",
 		"Decide a tool call against a policy, offline.", stderr)
 	policy := fs.String("policy", "", "the policy file (YAML)")
@@ -113,11 +114,11 @@ func policyEval(args []string, stdout, stderr io.Writer, stdin io.Reader) error 
 	ctxJSON := fs.String("ctx", "", "caller attributes for ctx.*, a JSON object")
 	atoms := fs.StringArray("context", nil, "an atom of the calling session (for when()); repeat; none means no session")
 	batch := fs.Bool("batch", false, "read JSON Lines requests from stdin, print one decision per line")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if *policy == "" {
-		return usageErr(stderr, fs, "--policy is required")
+		return cli.UsageErr(stderr, fs, "--policy is required")
 	}
 	p, err := loadPolicy(*policy, stderr, true)
 	if err != nil {
@@ -127,7 +128,7 @@ func policyEval(args []string, stdout, stderr io.Writer, stdin io.Reader) error 
 		return evalBatch(p, stdin, stdout)
 	}
 	if *tool == "" {
-		return usageErr(stderr, fs, "--tool is required (or use --batch)")
+		return cli.UsageErr(stderr, fs, "--tool is required (or use --batch)")
 	}
 	req := constraints.Request{Roles: *roles, Tool: *tool}
 	var invalid []string
@@ -146,7 +147,7 @@ func policyEval(args []string, stdout, stderr io.Writer, stdin io.Reader) error 
 	if fs.Changed("context") {
 		set, err := cctx.NewSet(*atoms)
 		if err != nil {
-			return usageErr(stderr, fs, "--context: %v", err)
+			return cli.UsageErr(stderr, fs, "--context: %v", err)
 		}
 		req.Atoms = &set
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/cli"
 	"github.com/condfs/condfs/mcpproxy"
 )
 
@@ -23,35 +24,35 @@ import (
 func runMCP(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "proxy" {
 		fmt.Fprintln(stderr, "condfs mcp: usage: condfs mcp proxy [--socket S] (--session ID | --context ATOM...) [--role R]... -- SERVER_COMMAND [ARGS...]")
-		return exitError{exitUsage}
+		return cli.Exit(cli.ExitUsage)
 	}
-	fs := newFlags("mcp proxy",
+	fs := cli.NewFlags("mcp proxy",
 		"condfs mcp proxy [--socket S] (--session ID | --context ATOM...) [--role R]... -- SERVER_COMMAND [ARGS...]",
 		`Sit between an MCP client (on stdin/stdout) and a stdio MCP server (started with
 SERVER_COMMAND), relaying every message, and decide each tools/call through the
 daemon: allowed calls go on, denied ones are answered with a tool error and never
 reach the server, calls that need approval are put to the user (elicitation) when
 the client can ask. tools/list leaves out the tools the roles can never call.`, stderr)
-	socket := fs.String("socket", envOr("CONDFS_SOCKET", defaultSocket), "control socket path (env CONDFS_SOCKET)")
+	socket := fs.String("socket", cli.EnvOr("CONDFS_SOCKET", cli.DefaultSocket()), "control socket path (env CONDFS_SOCKET)")
 	session := fs.String("session", "", "the condfs session whose context when() tests")
 	atoms := fs.StringArray("context", nil, "the context, when there is no session: an atom (repeat) or a JSON description")
 	roles := fs.StringArray("role", nil, "a caller role; repeat")
 	grace := fs.Duration("grace", 5*time.Second, "how long the server may take to exit after the client closes")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	if err := cli.ParseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	cmdArgs := fs.Args()
 	if len(cmdArgs) == 0 {
-		return usageErr(stderr, fs, "give the server command after --")
+		return cli.UsageErr(stderr, fs, "give the server command after --")
 	}
 	if (*session == "") == (len(*atoms) == 0) {
-		return usageErr(stderr, fs, "give --session or --context (one of them)")
+		return cli.UsageErr(stderr, fs, "give --session or --context (one of them)")
 	}
 	var ctxAtoms []string
 	if len(*atoms) > 0 {
-		set, err := parseContextFlags(*atoms)
+		set, err := cli.ParseContext(*atoms)
 		if err != nil {
-			return usageErr(stderr, fs, "--context: %v", err)
+			return cli.UsageErr(stderr, fs, "--context: %v", err)
 		}
 		ctxAtoms = set.Atoms()
 	}
@@ -68,7 +69,7 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	}
 	if err := server.Start(); err != nil {
 		fmt.Fprintf(stderr, "condfs mcp proxy: start %s: %v\n", cmdArgs[0], err)
-		return exitError{exitFail}
+		return cli.Exit(cli.ExitFail)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -82,9 +83,9 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	var ee *exec.ExitError
 	if errors.As(werr, &ee) {
 		if code := ee.ExitCode(); code > 0 {
-			return exitError{code}
+			return cli.Exit(code)
 		}
-		return exitError{exitFail}
+		return cli.Exit(cli.ExitFail)
 	}
 	return nil
 }

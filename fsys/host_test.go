@@ -190,7 +190,7 @@ func TestHungWatchBlocksOnlyItself(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, "x"), nil, 0o644)
 		for {
 			w.mu.Lock()
-			pending := len(w.pending) > 0 || w.timer != nil
+			pending := len(w.next.pending) > 0 || w.next.timer != nil
 			w.mu.Unlock()
 			if pending {
 				return

@@ -27,7 +27,7 @@ type node struct {
 	noListCache atomic.Bool
 }
 
-func (n *node) backing() *backing { return n.view.spaces[n.space] }
+func (n *node) backing() *backing { return n.view.spaces.dirs[n.space] }
 
 // path returns n's canonical path in its space, as this view's tree knows
 // it. ok is false for a node that is no longer reachable (unlinked or

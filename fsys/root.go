@@ -59,7 +59,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		r.view.auditDeny(d.atoms, sp, "/", opLookup.String())
 		return nil, syscall.ENOENT
 	}
-	b := r.view.spaces[sp]
+	b := r.view.spaces.dirs[sp]
 	var st unix.Stat_t
 	if err := unix.Fstat(b.fd, &st); err != nil {
 		return nil, errnoOf(err)
@@ -115,7 +115,7 @@ func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno
 		d.next++
 		if dec.shows(sp, "/") {
 			var st unix.Stat_t
-			unix.Fstat(d.view.spaces[sp].fd, &st)
+			unix.Fstat(d.view.spaces.dirs[sp].fd, &st)
 			return &fuse.DirEntry{Name: sp.String(), Mode: unix.S_IFDIR, Ino: d.view.stableAttr(&st).Ino, Off: uint64(d.next)}, 0
 		}
 	}
@@ -250,7 +250,7 @@ func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errn
 	}
 	a.restore()
 	var s syscall.Statfs_t
-	if err := syscall.Fstatfs(r.view.spaces[0].fd, &s); err != nil {
+	if err := syscall.Fstatfs(r.view.spaces.dirs[0].fd, &s); err != nil {
 		return errnoOf(err)
 	}
 	out.FromStatfsT(&s)

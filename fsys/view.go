@@ -104,20 +104,37 @@ type Options struct {
 // cache_listing.go), the open files (handles), acting as callers (caller,
 // acting.go) and counters (stats).
 type View struct {
-	host   *Host
-	opts   Options
-	log    *slog.Logger
-	closed atomic.Bool
-	authz  authority
-	spaces [2]*backing
-	// backingMu: closeBacking runs once (from Unmount or the last forget).
-	backingMu sync.Mutex
-	root      *rootNode
-	mnt       mountState
-	cache     kernelCache // what the kernel caches of the view
-	handles   handleSet   // open files, for revocation
-	caller    callerState
-	stats     viewStats
+	host    *Host
+	opts    Options
+	log     *slog.Logger
+	closed  atomic.Bool
+	authz   authority
+	spaces  spaces
+	root    *rootNode
+	mnt     mountState
+	cache   kernelCache // what the kernel caches of the view
+	handles handleSet   // open files, for revocation
+	caller  callerState
+	stats   viewStats
+}
+
+// spaces are the backing directories of memories and workspace, in that
+// order.
+type spaces struct {
+	dirs [2]*backing
+	mu   sync.Mutex // release runs once (from Unmount or the last forget)
+}
+
+// release gives both backings back to the host.
+func (s *spaces) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, b := range s.dirs {
+		if b != nil {
+			b.release()
+			s.dirs[i] = nil
+		}
+	}
 }
 
 // mountState is how a view is mounted and numbers its nodes; fixed once
@@ -221,14 +238,14 @@ func (h *Host) newView(opts Options) (*View, error) {
 			v.closeBacking()
 			return nil, err
 		}
-		v.spaces[i] = b
+		v.spaces.dirs[i] = b
 		// Mark the filesystem before any entry of it is cached: a link made
 		// before the mark would go unreported. (One fd per filesystem, for
 		// the daemon's life.)
 		h.watcher.watchesLinks(b)
 		h.watcher.watchAbove(b)
 	}
-	v.mnt.rootDev = v.spaces[0].dev
+	v.mnt.rootDev = v.spaces.dirs[0].dev
 	if h.hub != nil {
 		v.mnt.hub = h.hub
 		v.mnt.gen = h.hub.seq.Add(1) + 1
@@ -637,7 +654,7 @@ func (v *View) linkedOn(devs map[uint64]bool) {
 		return
 	}
 	d, dropped := v.decision(), false
-	for sp, b := range v.spaces {
+	for sp, b := range v.spaces.dirs {
 		if b == nil || !devs[b.dev] || !d.hidesLinked(space(sp)) {
 			continue
 		}
@@ -701,14 +718,7 @@ func (v *View) Unmount() error {
 
 func (v *View) closeBacking() {
 	v.host.unregister(v)
-	v.backingMu.Lock()
-	defer v.backingMu.Unlock()
-	for i, b := range v.spaces {
-		if b != nil {
-			b.release()
-			v.spaces[i] = nil
-		}
-	}
+	v.spaces.release()
 }
 
 func (v *View) unmountOwn() error {

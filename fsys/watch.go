@@ -42,19 +42,24 @@ type Watcher struct {
 	byWD    map[int32]*watch
 	adding  int    // watches being added (add), counted against max
 	removed uint64 // watches removed (an add in flight may have got a dead wd)
-	pending map[pendingKey]uint32
-	linked  map[uint64]bool // filesystems where a file got another name
+	next    batch
 	// above: watches of the directories above the backing roots (their
-	// own attributes only); aboveChanged, one of them changed since the
-	// last flush.
-	above        map[int32]bool
-	aboveChanged bool
-	timer        *time.Timer
-	closed       bool
-	done         chan struct{}
+	// own attributes only).
+	above  map[int32]bool
+	closed bool
+	done   chan struct{}
 
 	linksDone chan struct{}
 	failed    atomic.Bool // reading events failed: nothing is reported any more
+}
+
+// batch is what changed since the last flush, told together once
+// coalesce has passed.
+type batch struct {
+	pending      map[pendingKey]uint32
+	linked       map[uint64]bool // filesystems where a file got another name
+	aboveChanged bool            // a directory above a backing root changed
+	timer        *time.Timer     // the flush to come or running; nil: none
 }
 
 // live reports whether w reports changes, so that views may cache long.
@@ -110,7 +115,7 @@ func newWatcher(h *Host, ttl time.Duration) (*Watcher, error) {
 	}
 	w := &Watcher{
 		host: h, f: os.NewFile(uintptr(fd), "inotify"), ttl: ttl, log: h.log, max: maxWatches(),
-		byWD: map[int32]*watch{}, pending: map[pendingKey]uint32{}, linked: map[uint64]bool{}, above: map[int32]bool{}, done: make(chan struct{}),
+		byWD: map[int32]*watch{}, next: batch{pending: map[pendingKey]uint32{}, linked: map[uint64]bool{}}, above: map[int32]bool{}, done: make(chan struct{}),
 		links: newLinkWatch(h.hooks),
 	}
 	go w.read()
@@ -129,8 +134,8 @@ func newWatcher(h *Host, ttl time.Duration) (*Watcher, error) {
 func (w *Watcher) Close() error {
 	w.mu.Lock()
 	w.closed = true
-	if w.timer != nil {
-		w.timer.Stop()
+	if w.next.timer != nil {
+		w.next.timer.Stop()
 	}
 	w.mu.Unlock()
 	err := w.f.Close()
@@ -330,11 +335,11 @@ func (w *Watcher) read() {
 				delete(w.above, ev.Wd)
 			default:
 				if w.above[ev.Wd] && name == "" {
-					w.aboveChanged = true
+					w.next.aboveChanged = true
 				}
-				w.pending[pendingKey{ev.Wd, name}] |= ev.Mask
-				if w.timer == nil {
-					w.timer = time.AfterFunc(coalesce, w.flush)
+				w.next.pending[pendingKey{ev.Wd, name}] |= ev.Mask
+				if w.next.timer == nil {
+					w.next.timer = time.AfterFunc(coalesce, w.flush)
 				}
 			}
 		}
@@ -355,27 +360,27 @@ type notice struct {
 func (w *Watcher) flush() {
 	w.mu.Lock()
 	var todo []notice
-	for k, mask := range w.pending {
+	for k, mask := range w.next.pending {
 		if ws := w.byWD[k.wd]; ws != nil {
 			for n := range ws.nodes {
 				todo = append(todo, notice{n, k.name, mask, ws.path})
 			}
 		}
 	}
-	clear(w.pending)
-	above := w.aboveChanged
-	w.aboveChanged = false
+	clear(w.next.pending)
+	above := w.next.aboveChanged
+	w.next.aboveChanged = false
 	var linkedOwners map[changeSink]map[uint64]bool
-	if len(w.linked) > 0 {
+	if len(w.next.linked) > 0 {
 		linkedOwners = map[changeSink]map[uint64]bool{}
 		for _, ws := range w.byWD {
 			for n := range ws.nodes {
-				linkedOwners[n.owner()] = w.linked
+				linkedOwners[n.owner()] = w.next.linked
 			}
 		}
-		w.linked = map[uint64]bool{}
+		w.next.linked = map[uint64]bool{}
 	}
-	// w.timer stays set until this flush ends (see the end), so that
+	// w.next.timer stays set until this flush ends (see the end), so that
 	// events meanwhile wait for the next one: one flush runs at a time.
 	w.mu.Unlock()
 	defer w.flushed()
@@ -410,9 +415,9 @@ func (w *Watcher) flush() {
 func (w *Watcher) flushed() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.timer = nil
-	if !w.closed && (len(w.pending) > 0 || w.aboveChanged || len(w.linked) > 0) {
-		w.timer = time.AfterFunc(coalesce, w.flush)
+	w.next.timer = nil
+	if !w.closed && (len(w.next.pending) > 0 || w.next.aboveChanged || len(w.next.linked) > 0) {
+		w.next.timer = time.AfterFunc(coalesce, w.flush)
 	}
 }
 
@@ -425,10 +430,10 @@ func (w *Watcher) linkedOn(devs map[uint64]bool) {
 		return
 	}
 	for d := range devs {
-		w.linked[d] = true
+		w.next.linked[d] = true
 	}
-	if w.timer == nil {
-		w.timer = time.AfterFunc(coalesce, w.flush)
+	if w.next.timer == nil {
+		w.next.timer = time.AfterFunc(coalesce, w.flush)
 	}
 }
 

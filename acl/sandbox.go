@@ -109,10 +109,12 @@ func (s *Sandbox) Listed(p string) bool {
 	if !execPathOK(p) {
 		return false
 	}
-	if s.files[p] {
-		return true
-	}
-	// Every directory above p, from p's parent up to "/" ("").
+	return s.files[p] || s.beneathDir(p)
+}
+
+// beneathDir reports whether a directory above p is listed, from p's
+// parent up to "/" ("").
+func (s *Sandbox) beneathDir(p string) bool {
 	for i := strings.LastIndexByte(p, '/'); i >= 0; i = strings.LastIndexByte(p[:i], '/') {
 		if s.dirs[p[:i]] {
 			return true
@@ -164,8 +166,18 @@ var ErrNoSandbox = errors.New("conditions.toml has no [sandbox] table: no binari
 // listed or as found beneath a listed directory, not its symlink target
 // (see the comment at the top of this file). It does not allocate: it may
 // run for every execve.
+//
+// A p ending in "/" names a listed directory as a whole (a run makes it
+// executable with one mount): allowed only where every path beneath it
+// is (dirAllowed).
 func (c *Config) ExecAllowed(atoms cctx.Set, p string) bool {
-	if c.sandbox == nil || !c.sandbox.Listed(p) {
+	if c.sandbox == nil {
+		return false
+	}
+	if d, ok := strings.CutSuffix(p, "/"); ok {
+		return c.dirAllowed(atoms, d)
+	}
+	if !c.sandbox.Listed(p) {
 		return false
 	}
 	if allow, _ := c.Decide(Exec, p, atoms); !allow {
@@ -173,6 +185,48 @@ func (c *Config) ExecAllowed(atoms cctx.Set, p string) bool {
 	}
 	if sp, rest, ok := viewPath(p); ok {
 		if vis, _ := c.Visible(sp, rest, atoms); !vis {
+			return false
+		}
+	}
+	return true
+}
+
+// dirAllowed: the directory d is listed (itself or beneath a listed
+// directory), the view shows it if it is the view's, and the exec rules
+// allow every path beneath it in the context: the path beneath that no
+// rule key names, and every path that one does. A rule beneath d that
+// denies (or matches and does not hold) keeps the whole directory from
+// being executable: fail closed; list such files one by one instead.
+func (c *Config) dirAllowed(atoms cctx.Set, d string) bool {
+	if !execPathOK(d) || !c.sandbox.dirs[d] && !c.sandbox.beneathDir(d) {
+		return false
+	}
+	if sp, rest, ok := viewPath(d); ok {
+		if vis, _ := c.Visible(sp, rest, atoms); !vis {
+			return false
+		}
+	}
+	n := c.spaces[Exec]
+	for i := 1; i < len(d) && n != nil; {
+		seg, next := segment(d, i)
+		n, i = n.children[seg], next
+	}
+	return c.allowedBeneath(atoms, d, n)
+}
+
+// allowedBeneath: every path beneath d is allowed; n is d's trie node (nil:
+// no rule key lies beneath d). NUL names no key, so the decision for
+// d+"/\x00" is the one for every path beneath d that no key names.
+func (c *Config) allowedBeneath(atoms cctx.Set, d string, n *node) bool {
+	if allow, _ := c.Decide(Exec, d+"/\x00", atoms); !allow {
+		return false
+	}
+	if n == nil {
+		return true
+	}
+	for seg, child := range n.children {
+		p := d + "/" + seg
+		if allow, _ := c.Decide(Exec, p, atoms); !allow || !c.allowedBeneath(atoms, p, child) {
 			return false
 		}
 	}

@@ -313,3 +313,39 @@ func BenchmarkExecAllowed(b *testing.B) {
 		c.ExecAllowed(dm, "/usr/lib/git-core/git-remote-http")
 	}
 }
+
+// TestDirectoryAllowed: a listed directory ("/d/") is executable as a whole
+// only in a context where every path beneath it is allowed. Before, a name
+// ending in "/" was never allowed, so no listed directory ever ran.
+func TestDirectoryAllowed(t *testing.T) {
+	c := mustParse(t, sandboxDesign)
+	names := []string{"/usr/lib/git-core/", "/workspace/bin/", "/usr/bin/", "/workspace/bin/private/", "/usr/lib/git-core"}
+	for _, tc := range []struct {
+		ctx  []string
+		want []string
+	}{
+		// Outside tui, git-upload-pack matches an allow rule that does not
+		// hold; /bin/private/ is hidden by the view.
+		{[]string{"discord:dm"}, []string{"/workspace/bin/"}},
+		// In tui /bin/private/ is shown; git-core's other files match the
+		// nsfw rule without it holding: blocked, so the directory is not.
+		{[]string{"tui"}, []string{"/workspace/bin/", "/workspace/bin/private/"}},
+		{[]string{"discord:nsfw"}, []string{}},
+	} {
+		if got := c.AllowedBinaries(set(t, tc.ctx...), names); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%v: %q, want %q", tc.ctx, got, tc.want)
+		}
+	}
+	// A directory listed nowhere, or above a listed one, is not allowed.
+	c = mustParse(t, "[sandbox]\nbinaries = [\"/opt/tools/\", \"/opt/x/y/\"]\n[exec.\"/opt/tools/bin/\"]\nwhen = \"internal\"\naction = \"allow\"\n")
+	for name, want := range map[string]bool{"/opt/tools/": true, "/opt/tools/bin/": true, "/opt/x/": false, "/opt/x/y/": true, "/opt/x/y/z/": true, "/opt/tools//": false} {
+		if got := c.ExecAllowed(set(t, "internal"), name); got != want {
+			t.Errorf("internal: %s: %v, want %v", name, got, want)
+		}
+	}
+	// In tui /opt/tools/bin/ is not allowed, so neither is /opt/tools/ as a
+	// whole; /opt/x/y/ has no rule.
+	if c.ExecAllowed(set(t, "tui"), "/opt/tools/bin/") || c.ExecAllowed(set(t, "tui"), "/opt/tools/") || !c.ExecAllowed(set(t, "tui"), "/opt/x/y/") {
+		t.Error("tui: /opt/tools/ and its bin/ are ruled for internal only; /opt/x/y/ has no rule")
+	}
+}

@@ -308,6 +308,19 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	if out, code := run("sh", "-c", "/lib64/ld-linux-x86-64.so.2 /usr/lib/git-core/git-http-push"); code == 0 || !strings.Contains(out, "failed to map segment") {
 		t.Fatalf("a library directory's program through the interpreter: exit %d %q", code, out)
 	}
+	// A listed directory of the view runs; the rest of the view does not
+	// (TestRunViewBinaries), on this path too.
+	h.write("workspace/bin/hello.sh", "#!/bin/sh\necho hello-from-view\n")
+	h.write("workspace/hello.sh", "#!/bin/sh\necho hello-from-view\n")
+	for _, p := range []string{"workspace/bin/hello.sh", "workspace/hello.sh"} {
+		os.Chmod(h.path(p), 0o755)
+	}
+	if out, code := run("/workspace/bin/hello.sh"); code != 0 || out != "hello-from-view\n" {
+		t.Fatalf("a listed view binary: exit %d %q", code, out)
+	}
+	if out, code := run("sh", "-c", "/workspace/hello.sh; echo x > /workspace/bin/w"); code == 0 || !strings.Contains(out, "Permission denied") || !strings.Contains(out, "Read-only") {
+		t.Fatalf("an unlisted view file, a write to a listed one: exit %d %q", code, out)
+	}
 	// --tty: a terminal of the run's own devpts on this path too.
 	tty := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--tty", "--",
 		"sh", "-c", "[ -t 0 ] && [ -t 1 ] && ls -1 /dev/pts")

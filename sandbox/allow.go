@@ -23,6 +23,10 @@ const (
 	placeShown
 	// placeOther: elsewhere; bound over an empty placeholder while allowed.
 	placeOther
+	// placeView: a file or directory of the view (/workspace/..., /memories/...),
+	// which the run shows noexec: while allowed, what the view shows there
+	// is bound over itself read-only and executable (viewbin.go).
+	placeView
 )
 
 // slot is one place of the run that may hold a binary.
@@ -32,7 +36,7 @@ type slot struct {
 	kind     placeKind
 	binDir   string // placeBin: the bin directory holding it
 	dir      bool
-	spare    int // a detached clone of the source, ready to attach
+	spare    int // a detached clone of the source, ready to attach; placeView: the attached bind
 	attached bool
 }
 
@@ -43,10 +47,11 @@ type slot struct {
 // once the command runs.
 type allowState struct {
 	slots []*slot
+	owner Spec // whom the view admits: view binaries are bound as the owner
 }
 
-func newAllowState(entries []binEntry, h *hostLayout) (*allowState, error) {
-	al := &allowState{}
+func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, error) {
+	al := &allowState{owner: owner}
 	byPlace := map[string]*slot{}
 	for _, e := range entries {
 		if sl, ok := byPlace[e.Place]; ok {
@@ -54,6 +59,13 @@ func newAllowState(entries []binEntry, h *hostLayout) (*allowState, error) {
 			continue
 		}
 		sl := &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, kind: placeOther}
+		if e.View {
+			// Nothing to clone ahead: the view's files come and go.
+			sl.kind = placeView
+			byPlace[sl.place] = sl
+			al.slots = append(al.slots, sl)
+			continue
+		}
 		for _, d := range h.binDirs {
 			if under(e.Place, d) && (sl.binDir == "" || len(d) > len(sl.binDir)) {
 				sl.kind, sl.binDir = placeBin, d
@@ -158,6 +170,14 @@ func (al *allowState) set(names []string) error {
 	writable := rw.open
 	var err error
 	for _, sl := range al.slots {
+		if sl.attached && sl.kind == placeView {
+			// Bound anew below if still allowed: the view may show
+			// another file there now.
+			if err = sl.detachView(); err != nil {
+				break
+			}
+			continue
+		}
 		if !sl.attached || allowed(sl) {
 			continue
 		}
@@ -193,6 +213,12 @@ func (al *allowState) set(names []string) error {
 					break
 				}
 				sl.attached = true
+				continue
+			}
+			if sl.kind == placeView {
+				if err = sl.attachView(al.owner); err != nil {
+					break
+				}
 				continue
 			}
 			if sl.kind == placeBin {

@@ -359,6 +359,14 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 	}
 	if err != nil {
 		s.runs.remove(a)
+		// The command was found nowhere in the run, or may not be
+		// executed there (a file of the view it does not allow).
+		if ee := (*sandbox.ExecError)(nil); errors.As(err, &ee) {
+			if ee.Errno == syscall.ENOENT {
+				return nil, control.Errorf(control.CodeRunNotFound, "%s: command not found", cmd.Argv[0])
+			}
+			return nil, control.Errorf(control.CodeRunDenied, "%s: this run may not execute it (%v)", cmd.Argv[0], ee.Errno)
+		}
 		return nil, runError("cannot build the sandbox: %v", err)
 	}
 	return a, nil

@@ -60,6 +60,20 @@ func TestRunViewBinaries(t *testing.T) {
 	d := viewBinHome(t)
 	const ld = "/lib64/ld-linux-x86-64.so.2"
 	const denied, unmapped = "Permission denied", "failed to map segment"
+	// As the command itself: its exit statuses (sandbox.md).
+	for _, c := range []struct {
+		cmd  string
+		code int
+		want string
+	}{
+		{"/workspace/bin/hello.sh", 0, "hello-from-view"},
+		{"/workspace/other.sh", 126, ""},
+		{"/workspace/bin/nothing", 127, ""},
+	} {
+		if out, code := condfsRun(t, d, "", "--", c.cmd); code != c.code || !strings.Contains(out, c.want) {
+			t.Errorf("condfs run -- %s: exit %d %q, want %d", c.cmd, code, out, c.code)
+		}
+	}
 	cmd, stdin, ask := runShell(t, d)
 	defer func() { stdin.Close(); cmd.Wait() }()
 	prev := dmCtx

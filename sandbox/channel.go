@@ -32,6 +32,7 @@ type message struct {
 	Sig    int       `json:"sig,omitempty"`
 	Step   string    `json:"step,omitempty"`
 	Err    string    `json:"err,omitempty"`
+	Errno  int       `json:"errno,omitempty"` // with Err: the errno behind it, if any
 	Code   int       `json:"code,omitempty"`
 	Signal int       `json:"signal,omitempty"`
 	Rows   uint16    `json:"rows,omitempty"`

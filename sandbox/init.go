@@ -152,6 +152,10 @@ func initFailed(ch *channel, err error) int {
 	if errors.As(err, &se) {
 		m.Step, m.Err = se.step, se.err.Error()
 	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		m.Errno = int(errno)
+	}
 	_ = ch.send(m)
 	return exitInitFailed
 }

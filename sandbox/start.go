@@ -260,6 +260,9 @@ func (r *Run) await(started chan message, want string) error {
 		case want:
 			return nil
 		case opError:
+			if m.Step == "exec" && m.Errno != 0 {
+				return &ExecError{Msg: m.Err, Errno: syscall.Errno(m.Errno)}
+			}
 			return fmt.Errorf("%s: %s", m.Step, m.Err)
 		}
 		return fmt.Errorf("init: unexpected %q", m.Op)
@@ -269,6 +272,18 @@ func (r *Run) await(started chan message, want string) error {
 		return errors.New("init: no answer")
 	}
 }
+
+// ExecError is a command the run could not execute: absent there
+// (ENOENT), or there and not executable (EACCES, ENOEXEC, ...). The run
+// built, and ended without a command.
+type ExecError struct {
+	Msg   string
+	Errno syscall.Errno
+}
+
+func (e *ExecError) Error() string { return "exec: " + e.Msg }
+
+func (e *ExecError) Unwrap() error { return e.Errno }
 
 func initGone(err error) error {
 	if errors.Is(err, io.EOF) {

@@ -8,17 +8,24 @@ import (
 	cctx "github.com/condfs/condfs/context"
 )
 
-// Denied paths are audited, but a process that names the same hidden path
-// in a loop must not fill the disk: identical denials (session, space, path,
-// operation) are written at most once per denialWindow; the next record
-// after a quiet window says how many were suppressed.
+// Denials are audited, but a process that names the same hidden path (or
+// connects to the same denied host) in a loop must not fill the disk:
+// identical denials of a session are written at most once per
+// denialWindow, and the next record of one says how many were suppressed.
+//
+// Each session has its own memory of them, so that one session's flood
+// neither hides another's denials nor takes their place: at most
+// denialKeys distinct denials are remembered per session. Beyond that,
+// while every one remembered is recent (a flood of distinct names), the
+// session's new denials are counted, not itemised, and its next record
+// says how many ("unlisted"): nothing denied goes unrecorded.
 const (
 	denialWindow = time.Second
-	denialKeys   = 4096 // distinct denials remembered; beyond, the oldest window is forgotten
+	denialKeys   = 256 // distinct denials remembered per session
 )
 
 type denialKey struct {
-	session, space, path, op string
+	space, path, op string // space "connect": the connection or request in path
 }
 
 type denialState struct {
@@ -27,54 +34,80 @@ type denialState struct {
 }
 
 type denialLimiter struct {
-	mu   sync.Mutex
-	seen map[denialKey]*denialState
+	mu       sync.Mutex
+	sessions map[string]*sessionDenials
 }
 
-func (l *denialLimiter) init() { l.seen = map[denialKey]*denialState{} }
+type sessionDenials struct {
+	seen     map[denialKey]*denialState
+	unlisted int // denials counted while seen was full of recent ones
+}
 
-// admit reports whether a denial should be written now, and how many
-// identical ones were suppressed since the last record.
-func (l *denialLimiter) admit(k denialKey, now time.Time) (write bool, suppressed int) {
+func (l *denialLimiter) init() { l.sessions = map[string]*sessionDenials{} }
+
+// forget drops what is remembered of session's denials (it closed).
+func (l *denialLimiter) forget(session string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st, ok := l.seen[k]
+	delete(l.sessions, session)
+}
+
+// admit reports whether a denial of session should be written now, how
+// many identical ones were suppressed since its last record, and how many
+// of the session's denials went unlisted since its last record of any.
+func (l *denialLimiter) admit(session string, k denialKey, now time.Time) (write bool, suppressed, unlisted int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sd := l.sessions[session]
+	if sd == nil {
+		sd = &sessionDenials{seen: map[denialKey]*denialState{}}
+		l.sessions[session] = sd
+	}
+	st, ok := sd.seen[k]
 	if ok && now.Sub(st.last) < denialWindow {
 		st.suppressed++
-		return false, 0
+		return false, 0, 0
 	}
 	if !ok {
-		if len(l.seen) >= denialKeys {
-			for key, s := range l.seen {
+		if len(sd.seen) >= denialKeys {
+			for key, s := range sd.seen {
 				if now.Sub(s.last) >= denialWindow {
-					delete(l.seen, key)
+					// Its suppressed ones are told as unlisted.
+					sd.unlisted += s.suppressed
+					delete(sd.seen, key)
 				}
 			}
-			if len(l.seen) >= denialKeys {
-				// Every remembered denial is recent: a flood of distinct
-				// paths. Keep memory bounded and stop writing new ones
-				// until the window passes.
-				return false, 0
+			if len(sd.seen) >= denialKeys {
+				sd.unlisted++
+				return false, 0, 0
 			}
 		}
 		st = &denialState{}
-		l.seen[k] = st
+		sd.seen[k] = st
 	}
-	suppressed = st.suppressed
-	st.last, st.suppressed = now, 0
-	return true, suppressed
+	suppressed, unlisted = st.suppressed, sd.unlisted
+	st.last, st.suppressed, sd.unlisted = now, 0, 0
+	return true, suppressed, unlisted
+}
+
+// counts appends the suppressed and unlisted counts to a record's attrs.
+func counts(attrs []any, suppressed, unlisted int) []any {
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed", suppressed)
+	}
+	if unlisted > 0 {
+		attrs = append(attrs, "unlisted", unlisted)
+	}
+	return attrs
 }
 
 // auditPath records a denied path, rate-limited per session and path.
 func (d *Daemon) auditPath(session string, atoms cctx.Set, sp acl.Space, path, op string) {
 	d.metrics.PathDenial(sp.String(), op)
-	write, suppressed := d.denials.admit(denialKey{session, sp.String(), path, op}, time.Now())
+	write, suppressed, unlisted := d.denials.admit(session, denialKey{sp.String(), path, op}, time.Now())
 	if !write {
 		return
 	}
 	attrs := []any{"kind", "path", "session", session, "atoms", atoms.Atoms(), "space", sp.String(), "path", path, "op", op, "decision", "deny"}
-	if suppressed > 0 {
-		attrs = append(attrs, "suppressed", suppressed)
-	}
-	d.audit.Info("deny", attrs...)
+	d.audit.Info("deny", counts(attrs, suppressed, unlisted)...)
 }

@@ -414,6 +414,7 @@ func (d *Daemon) closeSession(id string) error {
 	d.warm.drop(&s.runs) // it holds a clone of the view
 	err := s.view.Unmount()
 	d.log.Info("session closed", "session", id, "err", err)
+	d.denials.forget(id)
 	d.dropSession(s, !d.closing.Load())
 	return err
 }

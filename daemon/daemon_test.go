@@ -183,29 +183,68 @@ func BenchmarkEchoBaseline(b *testing.B) {
 func TestDenialRateLimit(t *testing.T) {
 	var l denialLimiter
 	l.init()
-	k := denialKey{"s", "memories", "/private/x", "lookup"}
+	k := denialKey{"memories", "/private/x", "lookup"}
 	now := time.Unix(1000, 0)
-	if w, _ := l.admit(k, now); !w {
+	if w, _, _ := l.admit("s", k, now); !w {
 		t.Fatal("the first denial was not written")
 	}
 	for i := 0; i < 10000; i++ {
-		if w, _ := l.admit(k, now.Add(time.Millisecond)); w {
+		if w, _, _ := l.admit("s", k, now.Add(time.Millisecond)); w {
 			t.Fatal("an identical denial within the window was written")
 		}
 	}
-	if w, _ := l.admit(denialKey{"s", "memories", "/private/y", "lookup"}, now); !w {
+	if w, _, _ := l.admit("s", denialKey{"memories", "/private/y", "lookup"}, now); !w {
 		t.Fatal("another path's denial was held up")
 	}
-	w, suppressed := l.admit(k, now.Add(2*denialWindow))
+	w, suppressed, _ := l.admit("s", k, now.Add(2*denialWindow))
 	if !w || suppressed != 10000 {
 		t.Fatalf("after the window: write %v, suppressed %d, want 10000", w, suppressed)
 	}
 	// A flood of distinct paths keeps memory bounded.
 	for i := 0; i < 3*denialKeys; i++ {
-		l.admit(denialKey{"s", "memories", fmt.Sprintf("/p/%d", i), "lookup"}, now.Add(3*denialWindow))
+		l.admit("s", denialKey{"memories", fmt.Sprintf("/p/%d", i), "lookup"}, now.Add(3*denialWindow))
 	}
-	if n := len(l.seen); n > denialKeys {
+	if n := len(l.sessions["s"].seen); n > denialKeys {
 		t.Fatalf("%d denials remembered, limit %d", n, denialKeys)
+	}
+	l.forget("s")
+	if len(l.sessions) != 0 {
+		t.Fatal("a closed session's denials are still remembered")
+	}
+}
+
+// TestAttackDenialFloodHidesOthers: one session's flood of distinct
+// denials neither keeps another session's denials from the audit log nor
+// drops its own uncounted. Before, the limiter was one for the daemon: once
+// 4,096 distinct denials of one session filled it within a second, every
+// other session's new denial went unwritten, and unrecorded.
+func TestAttackDenialFloodHidesOthers(t *testing.T) {
+	var l denialLimiter
+	l.init()
+	now := time.Unix(1000, 0)
+	for i := 0; i < 5000; i++ {
+		l.admit("flood", denialKey{"memories", fmt.Sprintf("/p/%d", i), "lookup"}, now)
+	}
+	if w, _, _ := l.admit("victim", denialKey{"memories", "/private/x", "lookup"}, now); !w {
+		t.Fatal("another session's denial was not written during a flood")
+	}
+	// The flooder's denials beyond what it remembers are counted, and
+	// told with its next record.
+	w, _, unlisted := l.admit("flood", denialKey{"memories", "/after", "lookup"}, now.Add(2*denialWindow))
+	if !w || unlisted != 5000-denialKeys {
+		t.Fatalf("after the flood: write %v, unlisted %d, want %d", w, unlisted, 5000-denialKeys)
+	}
+	// Suppressed repeats of a forgotten denial are told as unlisted.
+	k := denialKey{"memories", "/again", "lookup"}
+	l.admit("r", k, now)
+	l.admit("r", k, now.Add(time.Millisecond))
+	told := 0
+	for i := 0; i < denialKeys; i++ {
+		_, _, unlisted := l.admit("r", denialKey{"memories", fmt.Sprintf("/q/%d", i), "lookup"}, now.Add(2*denialWindow))
+		told += unlisted
+	}
+	if told != 1 {
+		t.Fatalf("the forgotten denial's suppressed repeat: %d told, want 1", told)
 	}
 }
 

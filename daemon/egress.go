@@ -9,9 +9,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/condfs/condfs/constraints"
 	"github.com/condfs/condfs/egress"
@@ -132,6 +134,16 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 		outcome = "refused"
 	}
 	d.metrics.Egress(e.Protocol, outcome)
+	var suppressed, unlisted int
+	if outcome != "allow" && outcome != "cut" {
+		// A run that retries a refused connection in a loop must not
+		// fill the disk (audit.go); a cut is written every time.
+		key := denialKey{"connect", fmt.Sprintf("%s %s:%d %s %s", e.Protocol, e.Host, e.Port, e.Method, e.Path), e.Decision + " " + e.Refused}
+		var write bool
+		if write, suppressed, unlisted = d.denials.admit(s.id, key, time.Now()); !write {
+			return
+		}
+	}
 	attrs := []any{"kind", "connect", "session", s.id, "atoms", s.view.Context().Atoms(),
 		"host", e.Host, "port", e.Port, "protocol", e.Protocol}
 	if e.Protocol == "http" {
@@ -144,7 +156,7 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 	if e.Refused != "" {
 		attrs = append(attrs, "refused", e.Refused)
 	}
-	d.audit.Info("connect", attrs...)
+	d.audit.Info("connect", counts(attrs, suppressed, unlisted)...)
 }
 
 func nonNil(l []string) []string {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -268,4 +269,53 @@ print("HOLE clash" if b"SECRET" in gb or b"SECRET" in ga else "held clash")
 		}
 	}
 	t.Logf("audit:\n%s", strings.Join(conn, "\n"))
+}
+
+// TestAttackEgressAuditFlood: a run that retries a refused connection in a
+// loop writes one audit record a second, each saying how many it stands
+// for, not one per attempt (stop 33's review measured about 700 lines a
+// second, 750 MB an hour, from one run).
+func TestAttackEgressAuditFlood(t *testing.T) {
+	d := egressHome(t)
+	out := egressPy(t, d, `
+import socket, time
+n = 0
+for i in range(300):
+    try:
+        s = socket.create_connection(("other.test", 443), timeout=5)
+        s.sendall(b"\x00")
+        s.recv(1)
+        s.close()
+    except OSError:
+        pass
+    n += 1
+time.sleep(1.2)
+try:
+    s = socket.create_connection(("other.test", 443), timeout=5)
+    s.sendall(b"\x00")
+    s.recv(1)
+except OSError:
+    pass
+print("tried", n + 1)
+`)
+	if !strings.Contains(out, "tried 301") {
+		t.Fatalf("the run: %q", out)
+	}
+	var records, told int
+	for _, line := range strings.Split(d.log(), "\n") {
+		if !strings.Contains(line, `"msg":"connect"`) || !strings.Contains(line, `"host":"other.test"`) {
+			continue
+		}
+		records++
+		var r struct{ Suppressed int }
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		told += r.Suppressed
+	}
+	// The loop takes a second or two: a record for each second, and the
+	// last one tells how many the one before it stood for.
+	if records < 2 || records > 6 || records+told < 250 || records+told > 301 {
+		t.Fatalf("%d records telling of %d suppressed for 301 attempts:\n%s", records, told, d.log())
+	}
 }

@@ -45,6 +45,13 @@ func runHome(t *testing.T) (*daemon, string) {
 // runHomeWith is runHome with other rules.
 func runHomeWith(t *testing.T, rules string) (*daemon, string) {
 	t.Helper()
+	return runHomeFiles(t, rules, nil)
+}
+
+// runHomeFiles is runHomeWith, with files made in the backing tree by
+// files (if set) before the daemon starts.
+func runHomeFiles(t *testing.T, rules string, files func(h *home)) (*daemon, string) {
+	t.Helper()
 	h := openHome(t, rules)
 	h.t = t
 	h.write("config/policy.yaml", runPolicy)
@@ -53,6 +60,9 @@ func runHomeWith(t *testing.T, rules string) (*daemon, string) {
 	h.write("workspace/w.txt", "work\n")
 	for _, p := range []string{"memories", "memories/private", "workspace"} {
 		os.Chmod(h.path(p), 0o777)
+	}
+	if files != nil {
+		files(h)
 	}
 	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
 	os.Chmod(filepath.Dir(d.socket), 0o755)
@@ -283,6 +293,13 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	h.write("config/policy.yaml", runPolicy)
 	h.write("memories/private/p.md", "dm secret\n")
 	h.write("memories/pub.md", "public\n")
+	// Made before the daemon starts: a view learns of changes made in its
+	// backing tree behind it only after a while (its entry TTL here).
+	h.write("workspace/bin/hello.sh", "#!/bin/sh\necho hello-from-view\n")
+	h.write("workspace/hello.sh", "#!/bin/sh\necho hello-from-view\n")
+	for _, p := range []string{"workspace/bin/hello.sh", "workspace/hello.sh"} {
+		os.Chmod(h.path(p), 0o755)
+	}
 	sock, logs := startUnprivDaemon(t, h)
 	run := func(args ...string) (string, int) {
 		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--"}, args...)...)
@@ -310,11 +327,6 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	}
 	// A listed directory of the view runs; the rest of the view does not
 	// (TestRunViewBinaries), on this path too.
-	h.write("workspace/bin/hello.sh", "#!/bin/sh\necho hello-from-view\n")
-	h.write("workspace/hello.sh", "#!/bin/sh\necho hello-from-view\n")
-	for _, p := range []string{"workspace/bin/hello.sh", "workspace/hello.sh"} {
-		os.Chmod(h.path(p), 0o755)
-	}
 	if out, code := run("/workspace/bin/hello.sh"); code != 0 || out != "hello-from-view\n" {
 		t.Fatalf("a listed view binary: exit %d %q", code, out)
 	}

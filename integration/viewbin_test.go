@@ -27,12 +27,16 @@ action = "allow"
 // scripts and a copy of true in bin/, and the same outside anything listed.
 func viewBinHome(t *testing.T) *daemon {
 	t.Helper()
-	d, _ := runHomeWith(t, viewBinRules)
 	trueELF, err := os.ReadFile("/usr/bin/true")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := d.home
+	d, _ := runHomeFiles(t, viewBinRules, func(h *home) { viewBinFiles(t, h, trueELF) })
+	return d
+}
+
+// viewBinFiles makes viewBinHome's files.
+func viewBinFiles(t *testing.T, h *home, trueELF []byte) {
 	h.write("workspace/bin/hello.sh", "#!/bin/sh\necho hello-from-view\n")
 	h.write("workspace/bin/true", string(trueELF))
 	h.write("workspace/tool.sh", "#!/bin/sh\necho tool-ran\n")
@@ -46,7 +50,6 @@ func viewBinHome(t *testing.T) *daemon {
 	if err := os.Symlink(".", h.path("workspace/link")); err != nil {
 		t.Fatal(err)
 	}
-	return d
 }
 
 // TestRunViewBinaries: a listed view path runs where the exec rules allow

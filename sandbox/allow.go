@@ -23,10 +23,6 @@ const (
 	placeShown
 	// placeOther: elsewhere; bound over an empty placeholder while allowed.
 	placeOther
-	// placeView: a file or directory of the view (/workspace/..., /memories/...),
-	// which the run shows noexec: while allowed, what the view shows there
-	// is bound over itself read-only and executable (viewbin.go).
-	placeView
 )
 
 // slot is one place of the run that may hold a binary.
@@ -36,7 +32,7 @@ type slot struct {
 	kind     placeKind
 	binDir   string // placeBin: the bin directory holding it
 	dir      bool
-	spare    int // a detached clone of the source, ready to attach; placeView: the attached bind
+	spare    int // a detached clone of the source, ready to attach
 	attached bool
 }
 
@@ -47,11 +43,10 @@ type slot struct {
 // once the command runs.
 type allowState struct {
 	slots []*slot
-	owner Spec // whom the view admits: view binaries are bound as the owner
 }
 
-func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, error) {
-	al := &allowState{owner: owner}
+func newAllowState(entries []binEntry, h *hostLayout) (*allowState, error) {
+	al := &allowState{}
 	byPlace := map[string]*slot{}
 	for _, e := range entries {
 		if sl, ok := byPlace[e.Place]; ok {
@@ -59,13 +54,6 @@ func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, 
 			continue
 		}
 		sl := &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, kind: placeOther}
-		if e.View {
-			// Nothing to clone ahead: the view's files come and go.
-			sl.kind = placeView
-			byPlace[sl.place] = sl
-			al.slots = append(al.slots, sl)
-			continue
-		}
 		for _, d := range h.binDirs {
 			if under(e.Place, d) && (sl.binDir == "" || len(d) > len(sl.binDir)) {
 				sl.kind, sl.binDir = placeBin, d
@@ -170,14 +158,6 @@ func (al *allowState) set(names []string) error {
 	writable := rw.open
 	var err error
 	for _, sl := range al.slots {
-		if sl.attached && sl.kind == placeView {
-			// Bound anew below if still allowed: the view may show
-			// another file there now.
-			if err = sl.detachView(); err != nil {
-				break
-			}
-			continue
-		}
 		if !sl.attached || allowed(sl) {
 			continue
 		}
@@ -213,12 +193,6 @@ func (al *allowState) set(names []string) error {
 					break
 				}
 				sl.attached = true
-				continue
-			}
-			if sl.kind == placeView {
-				if err = sl.attachView(al.owner); err != nil {
-					break
-				}
 				continue
 			}
 			if sl.kind == placeBin {

@@ -276,3 +276,45 @@ func (c *Config) ExplainExec(raw string, atoms cctx.Set) (Explanation, error) {
 	}
 	return ex, nil
 }
+
+// ExecListed reports whether the canonical path p of view space sp lies at
+// or beneath a binaries entry naming the view (/workspace/..., /memories/...).
+// Such a path is read-only through the view for every caller, in every
+// context: what a run may ever execute there, no session process may
+// write, make, remove or move (docs/conditions.md). Without a [sandbox]
+// table nothing is.
+func (c *Config) ExecListed(sp Space, p string) bool {
+	if c.sandbox == nil || (sp != Memories && sp != Workspace) {
+		return false
+	}
+	for _, b := range c.sandbox.binaries {
+		esp, rest, ok := viewPath(strings.TrimSuffix(b, "/"))
+		if !ok || esp != sp {
+			continue
+		}
+		if p == rest || strings.HasSuffix(b, "/") && strings.HasPrefix(p, rest+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// HoldsExecListed reports whether a binaries entry names a path of view
+// space sp strictly beneath the canonical path p: such a directory never
+// moves, nor does another take its name (its listed paths would then show
+// what the mover chose).
+func (c *Config) HoldsExecListed(sp Space, p string) bool {
+	if c.sandbox == nil || (sp != Memories && sp != Workspace) {
+		return false
+	}
+	for _, b := range c.sandbox.binaries {
+		esp, rest, ok := viewPath(strings.TrimSuffix(b, "/"))
+		if !ok || esp != sp {
+			continue
+		}
+		if p == "/" && rest != "/" || strings.HasPrefix(rest, p+"/") {
+			return true
+		}
+	}
+	return false
+}

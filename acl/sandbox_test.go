@@ -349,3 +349,38 @@ func TestDirectoryAllowed(t *testing.T) {
 		t.Error("tui: /opt/tools/ and its bin/ are ruled for internal only; /opt/x/y/ has no rule")
 	}
 }
+
+// TestExecListed: the paths of the view a run may ever execute, whatever
+// the context: at or beneath a listed view directory, or a listed view
+// file; and the directories that hold them.
+func TestExecListed(t *testing.T) {
+	c := mustParse(t, "[sandbox]\nbinaries = [\"/bin/sh\", \"/workspace/bin/\", \"/workspace/tools/run.sh\", \"/memories/m/x\"]\n[exec.\"/workspace/bin/\"]\nwhen = \"tui\"\naction = \"allow\"\n")
+	for _, tc := range []struct {
+		sp           Space
+		p            string
+		listed, hold bool
+	}{
+		{Workspace, "/", false, true},
+		{Workspace, "/bin", true, false},
+		{Workspace, "/bin/a/b", true, false},
+		{Workspace, "/binx", false, false},
+		{Workspace, "/tools", false, true},
+		{Workspace, "/tools/run.sh", true, false},
+		{Workspace, "/tools/run.sh/x", false, false},
+		{Workspace, "/tools/other", false, false},
+		{Memories, "/m", false, true},
+		{Memories, "/m/x", true, false},
+		{Memories, "/bin", false, false},
+		{Exec, "/bin/sh", false, false},
+	} {
+		if got := c.ExecListed(tc.sp, tc.p); got != tc.listed {
+			t.Errorf("ExecListed(%v, %s) = %v", tc.sp, tc.p, got)
+		}
+		if got := c.HoldsExecListed(tc.sp, tc.p); got != tc.hold {
+			t.Errorf("HoldsExecListed(%v, %s) = %v", tc.sp, tc.p, got)
+		}
+	}
+	if e := Empty(); e.ExecListed(Workspace, "/bin") || e.HoldsExecListed(Workspace, "/") {
+		t.Error("no [sandbox]: nothing is listed")
+	}
+}

@@ -72,6 +72,8 @@ func (v *View) reloadedFrom() (decision, bool) {
 //     one name in a space with rules (the hard-link rule, hidesLinked: its
 //     other name may be a protected file);
 //   - a listed entry (listed), decided as its lookup would be;
+//   - what a run may execute (readOnly, holdsReadOnly): read-only through
+//     the view for every caller, and never moved;
 //   - an open handle (handle), for the path its file has now;
 //   - what the kernel's caches must lose when the context or the rules
 //     change (sensitive, holdsRuled, changedFrom).
@@ -120,6 +122,17 @@ func (d decision) hidesLinked(sp acl.Space) bool {
 	return !d.hardlinks && d.cfg.HasRules(sp)
 }
 
+// readOnly reports whether p is at or beneath a path of the view that
+// [sandbox] binaries lists: a run may execute it (in some context), so no
+// one may write, make, remove or move it through the view (EROFS), and a
+// regular file with another name there is hidden (that name may be
+// writable), whatever the hard-link option says.
+func (d decision) readOnly(sp acl.Space, p string) bool { return d.cfg.ExecListed(sp, p) }
+
+// holdsReadOnly reports whether a path below p is readOnly: such a
+// directory never moves, nor does another take its name.
+func (d decision) holdsReadOnly(sp acl.Space, p string) bool { return d.cfg.HoldsExecListed(sp, p) }
+
 // ruledSpace reports whether sp has rules at all: names below a directory
 // that moves may then be decided differently.
 func (d decision) ruledSpace(sp acl.Space) bool { return d.cfg.HasRules(sp) }
@@ -134,7 +147,7 @@ func (d decision) hides(sp acl.Space, p string, st *unix.Stat_t, link func() (st
 		target, err := link()
 		return err != nil || escapes(p, target)
 	case unix.S_IFREG:
-		return multiNamed(st) && d.hidesLinked(sp)
+		return multiNamed(st) && (d.hidesLinked(sp) || d.readOnly(sp, p))
 	}
 	return false
 }
@@ -147,13 +160,15 @@ func (d decision) listed(sp acl.Space, p string, typ uint8) (show, check bool) {
 	if !d.shows(sp, p) {
 		return false, false
 	}
-	return true, typ == unix.DT_LNK || typ == unix.DT_UNKNOWN || (typ == unix.DT_REG && d.hidesLinked(sp))
+	return true, typ == unix.DT_LNK || typ == unix.DT_UNKNOWN || (typ == unix.DT_REG && (d.hidesLinked(sp) || d.readOnly(sp, p)))
 }
 
 // handle decides an open file that is now at p with nlink names (named is
-// false when it left the space or cannot be named: no authority).
-func (d decision) handle(sp acl.Space, p string, nlink uint64, named bool) bool {
-	return named && d.shows(sp, p) && !(nlink > 1 && d.hidesLinked(sp))
+// false when it left the space or cannot be named: no authority); a
+// writable one may not be readOnly.
+func (d decision) handle(sp acl.Space, p string, nlink uint64, named, writable bool) bool {
+	ro := d.readOnly(sp, p)
+	return named && d.shows(sp, p) && !(nlink > 1 && (d.hidesLinked(sp) || ro)) && !(writable && ro)
 }
 
 // sensitive reports whether a context switch can change what a listing of
@@ -172,7 +187,7 @@ func (d decision) holdsRuled(sp acl.Space, p string) bool { return d.cfg.HasRule
 // (the rules before a reload, in the same context): its visibility, its
 // being ruled, or the hard-link rule of its space.
 func (d decision) changedFrom(old decision, sp acl.Space, p string) bool {
-	if old.hidesLinked(sp) != d.hidesLinked(sp) {
+	if old.hidesLinked(sp) != d.hidesLinked(sp) || old.readOnly(sp, p) != d.readOnly(sp, p) {
 		return true
 	}
 	ov, or := old.path(sp, p)

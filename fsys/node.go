@@ -199,10 +199,8 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		return t, t.d.denial(op, n.space, dir, name)
 	}
 	t.ruled = ruled
-	if a.switched {
-		if err := t.b.ancestorsSearchable(); err != nil {
-			return t, errnoOf(err)
-		}
+	if errno := n.mayAct(&t, a, op); errno != 0 {
+		return t, errno
 	}
 	if name != "" && op != opLookup {
 		fd, err := t.b.openDir(dir)
@@ -251,6 +249,22 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		return t, syscall.ENOENT
 	}
 	return t, 0
+}
+
+// mayAct: op may change t's path (not one a run may execute: EROFS), and
+// a caller whose credentials the thread took may search the directories
+// above the backing root.
+func (n *node) mayAct(t *target, a asCaller, op opKind) syscall.Errno {
+	if op != opLookup && op != opIO && t.d.readOnly(n.space, t.path) {
+		n.view.auditDeny(t.d.atoms, n.space, t.path, op.String())
+		return syscall.EROFS
+	}
+	if a.switched {
+		if err := t.b.ancestorsSearchable(); err != nil {
+			return errnoOf(err)
+		}
+	}
+	return 0
 }
 
 // multiNamed reports a regular file with more than one name: in a space

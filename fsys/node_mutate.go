@@ -73,7 +73,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		unix.Close(fd)
 		return nil, nil, 0, errno
 	}
-	fh, fflags, errno := ch.Operations().(*node).newHandle(fd, &t)
+	fh, fflags, errno := ch.Operations().(*node).newHandle(fd, &t, flags)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -180,6 +180,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	defer dst.close()
 	d := src.d
+	if (src.isDir() || (exchange && dst.isDir())) && (d.holdsReadOnly(n.space, src.path) || d.holdsReadOnly(n.space, dst.path)) {
+		n.view.auditDeny(d.atoms, n.space, src.path, "rename of a directory holding paths a run may execute")
+		return syscall.EROFS
+	}
 	ruledUnder := d.holdsRuled(n.space, src.path) || d.holdsRuled(n.space, dst.path)
 	if ruledUnder && (src.isDir() || (exchange && dst.isDir())) {
 		n.view.auditDeny(d.atoms, n.space, src.path, "rename of a directory holding ruled paths")
@@ -229,6 +233,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		return nil, errno
 	}
 	defer src.close()
+	if src.d.readOnly(n.space, src.path) {
+		// A second name of a file a run may execute would write it.
+		n.view.auditDeny(src.d.atoms, n.space, src.path, "link")
+		return nil, syscall.EROFS
+	}
 	if err := unix.Linkat(unix.AT_FDCWD, procPath(src.fd), t.dirfd, name, unix.AT_SYMLINK_FOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}

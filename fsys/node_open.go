@@ -29,6 +29,9 @@ type fileHandle struct {
 	fd    int
 	lf    *fs.LoopbackFile // read, write, locks, seek, allocate on fd
 	ruled bool
+	// writable: opened for writing, which a path a run may execute
+	// (decision.readOnly) never is.
+	writable bool
 
 	// fdMu keeps fd open while decide reads it: revoke may decide a
 	// handle it listed just before RELEASE closed it, and the fd's number
@@ -73,8 +76,9 @@ var (
 // handle is then decided again, and the kernel drops the file's cached
 // pages at open (no FOPEN_KEEP_CACHE), so nothing cached under the old
 // decision is read through it.
-func (n *node) newHandle(fd int, t *target) (*fileHandle, uint32, syscall.Errno) {
-	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: t.ruled, last: t.path}
+func (n *node) newHandle(fd int, t *target, flags uint32) (*fileHandle, uint32, syscall.Errno) {
+	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: t.ruled, last: t.path,
+		writable: flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0}
 	n.view.handles.add(h)
 	if n.view.generation() != t.gen {
 		if !h.decide(true) {
@@ -126,7 +130,7 @@ func (h *fileHandle) decide(audit bool) bool {
 	}
 	h.mu.Unlock()
 	d := v.decision()
-	vis := d.handle(h.node.space, p, nlink, ok)
+	vis := d.handle(h.node.space, p, nlink, ok, h.writable)
 	h.mu.Lock()
 	h.gen, h.seen, h.cached, h.vis = g, m, true, vis
 	h.mu.Unlock()
@@ -226,6 +230,14 @@ func (h *fileHandle) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.
 	if !h.decide(true) {
 		return syscall.EACCES
 	}
+	h.mu.Lock()
+	p := h.last
+	h.mu.Unlock()
+	if d := h.node.view.decision(); d.readOnly(h.node.space, p) {
+		// fchmod and futimens work through a read-only descriptor.
+		h.node.view.auditDeny(d.atoms, h.node.space, p, opMutate.String())
+		return syscall.EROFS
+	}
 	if errno := setattrFD(h.fd, in, false); errno != 0 {
 		return errno
 	}
@@ -302,5 +314,5 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 		unix.Close(fd)
 		return nil, 0, syscall.EACCES
 	}
-	return n.newHandle(fd, t)
+	return n.newHandle(fd, t, flags)
 }

@@ -8,7 +8,7 @@ import (
 
 // limitRules: runRules with python3 (to allocate and write exactly), a
 // 64 MiB memory limit and 1 MiB of /tmp and /dev/shm together.
-var limitRules = strings.Replace(runRules, `"/usr/bin/tr"]`, `"/usr/bin/tr", "/usr/bin/python3"]
+var limitRules = strings.Replace(runRules, `"/usr/bin/tr"]`, `"/usr/bin/tr", "/usr/bin/python3", "/workspace/bin/"]
 memory = "64MiB"
 tmp_size = "1MiB"`, 1)
 

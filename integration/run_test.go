@@ -45,6 +45,13 @@ func runHome(t *testing.T) (*daemon, string) {
 // runHomeWith is runHome with other rules.
 func runHomeWith(t *testing.T, rules string) (*daemon, string) {
 	t.Helper()
+	return runHomeFiles(t, rules, nil)
+}
+
+// runHomeFiles is runHomeWith, with files made in the backing tree by
+// files (if set) before the daemon starts.
+func runHomeFiles(t *testing.T, rules string, files func(h *home)) (*daemon, string) {
+	t.Helper()
 	h := openHome(t, rules)
 	h.t = t
 	h.write("config/policy.yaml", runPolicy)
@@ -53,6 +60,9 @@ func runHomeWith(t *testing.T, rules string) (*daemon, string) {
 	h.write("workspace/w.txt", "work\n")
 	for _, p := range []string{"memories", "memories/private", "workspace"} {
 		os.Chmod(h.path(p), 0o777)
+	}
+	if files != nil {
+		files(h)
 	}
 	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
 	os.Chmod(filepath.Dir(d.socket), 0o755)
@@ -288,6 +298,13 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	h.write("config/policy.yaml", runPolicy)
 	h.write("memories/private/p.md", "dm secret\n")
 	h.write("memories/pub.md", "public\n")
+	// Made before the daemon starts: a view learns of changes made in its
+	// backing tree behind it only after a while (its entry TTL here).
+	h.write("workspace/bin/hello.sh", "#!/bin/sh\necho hello-from-view\n")
+	h.write("workspace/hello.sh", "#!/bin/sh\necho hello-from-view\n")
+	for _, p := range []string{"workspace/bin/hello.sh", "workspace/hello.sh"} {
+		os.Chmod(h.path(p), 0o755)
+	}
 	sock, logs := startUnprivDaemon(t, h)
 	run := func(args ...string) (string, int) {
 		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--"}, args...)...)
@@ -312,6 +329,14 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	// the run may not execute on this path either (TestAttackRunLoader).
 	if out, code := run("sh", "-c", "/lib64/ld-linux-x86-64.so.2 /usr/lib/git-core/git-http-push"); code == 0 || !strings.Contains(out, "failed to map segment") {
 		t.Fatalf("a library directory's program through the interpreter: exit %d %q", code, out)
+	}
+	// A listed directory of the view runs; the rest of the view does not
+	// (TestRunViewBinaries), on this path too.
+	if out, code := run("/workspace/bin/hello.sh"); code != 0 || out != "hello-from-view\n" {
+		t.Fatalf("a listed view binary: exit %d %q", code, out)
+	}
+	if out, code := run("sh", "-c", "/workspace/hello.sh; echo x > /workspace/bin/w"); code == 0 || !strings.Contains(out, "Permission denied") || !strings.Contains(out, "Read-only") {
+		t.Fatalf("an unlisted view file, a write to a listed one: exit %d %q", code, out)
 	}
 	// --tty: a terminal of the run's own devpts on this path too.
 	tty := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--tty", "--",

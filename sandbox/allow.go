@@ -23,6 +23,10 @@ const (
 	placeShown
 	// placeOther: elsewhere; bound over an empty placeholder while allowed.
 	placeOther
+	// placeView: a file or directory of the view (/workspace/..., /memories/...),
+	// which the run shows noexec: while allowed, what the view shows there
+	// is bound over itself read-only and executable (viewbin.go).
+	placeView
 )
 
 // slot is one place of the run that may hold a binary.
@@ -32,7 +36,7 @@ type slot struct {
 	kind     placeKind
 	binDir   string // placeBin: the bin directory holding it
 	dir      bool
-	spare    int // a detached clone of the source, ready to attach
+	spare    int // a detached clone of the source, ready to attach; placeView: the attached bind
 	attached bool
 }
 
@@ -43,12 +47,21 @@ type slot struct {
 // once the command runs.
 type allowState struct {
 	slots []*slot
+	owner Spec // whom the view admits: view binaries are bound as the owner
 }
 
-func newAllowState(entries []binEntry, h *hostLayout) (*allowState, error) {
-	al := &allowState{}
+func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, error) {
+	al := &allowState{owner: owner}
 	byPlace := map[string]*slot{}
 	for _, e := range entries {
+		if e.View {
+			// A slot of its own per name: "/workspace/x/" and
+			// "/workspace/x" are decided apart, and each binds only
+			// what is of its kind. Nothing to clone ahead: the view's
+			// files come and go.
+			al.slots = append(al.slots, &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, kind: placeView})
+			continue
+		}
 		if sl, ok := byPlace[e.Place]; ok {
 			sl.names = append(sl.names, e.Name)
 			continue
@@ -158,6 +171,14 @@ func (al *allowState) set(names []string) error {
 	writable := rw.open
 	var err error
 	for _, sl := range al.slots {
+		if sl.attached && sl.kind == placeView {
+			// Bound anew below if still allowed: the view may show
+			// another file there now.
+			if err = sl.detachView(allowed(sl)); err != nil {
+				break
+			}
+			continue
+		}
 		if !sl.attached || allowed(sl) {
 			continue
 		}
@@ -193,6 +214,12 @@ func (al *allowState) set(names []string) error {
 					break
 				}
 				sl.attached = true
+				continue
+			}
+			if sl.kind == placeView {
+				if err = sl.attachView(al.owner); err != nil {
+					break
+				}
 				continue
 			}
 			if sl.kind == placeBin {

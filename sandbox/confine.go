@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/condfs/condfs/sandbox/internal/confine"
@@ -31,6 +32,16 @@ func fullConfine(spec Spec) error {
 	}
 	for _, b := range spec.Binaries {
 		b = strings.TrimSuffix(b, "/")
+		if space, _, ok := splitView(b); ok {
+			// The view's names come and go with the context, and a
+			// Landlock rule cannot follow them: the space is executable
+			// to Landlock, and only the binds of allowed view paths
+			// are mounts without noexec there (viewbin.go).
+			if !slices.Contains(exec, space) {
+				exec = append(exec, space)
+			}
+			continue
+		}
 		if !inBinDir(b) && exists(b) {
 			exec = append(exec, b)
 		}

@@ -271,7 +271,7 @@ func buildRoot(is *initSpec) (*allowState, error) {
 	if err := cloneHost(s, h, clones); err != nil {
 		return nil, err
 	}
-	al, err := newAllowState(is.Entries, h)
+	al, err := newAllowState(is.Entries, h, s)
 	if err != nil {
 		return nil, step("clone binaries", err)
 	}

@@ -50,8 +50,9 @@ const defaultTmpSize = 64 << 20
 type binEntry struct {
 	Name   string // as listed in Spec.Binaries: the key of Allow
 	Place  string // where it appears inside the sandbox (the name's directory resolved)
-	Source string // the host file or directory it stands for (symlinks followed)
+	Source string // the host file or directory it stands for (symlinks followed); "" for the view's
 	Dir    bool
+	View   bool // a file or directory of the view, found when allowed (viewbin.go)
 }
 
 // initSpec is what the daemon sends the init.
@@ -154,7 +155,11 @@ func resolveBinaries(names []string) ([]binEntry, error) {
 			return nil, fmt.Errorf("binary %q is not an absolute path", n)
 		}
 		if under(c, "/workspace") || under(c, "/memories") {
-			return nil, fmt.Errorf("binary %q: view paths are not supported yet", n)
+			if c == "/workspace" || c == "/memories" {
+				return nil, fmt.Errorf("binary %q names a whole space of the view", n)
+			}
+			out = append(out, binEntry{Name: n, Place: c, Dir: dir, View: true})
+			continue
 		}
 		src, err := filepath.EvalSymlinks(c)
 		if err != nil {

@@ -99,6 +99,9 @@ func (l *loader) sandboxBinaries(sb *Sandbox, fp toml.Primitive) error {
 		} else {
 			sb.files[s] = true
 		}
+		if sp, rest, ok := viewPath(strings.TrimSuffix(s, "/")); ok {
+			sb.view = append(sb.view, viewEntry{sp, rest, strings.HasSuffix(s, "/")})
+		}
 		sb.binaries = append(sb.binaries, s)
 	}
 	return nil

@@ -55,6 +55,14 @@ type Sandbox struct {
 	connections  int
 	reachPrivate []netip.Prefix
 	hosts        string
+	view         []viewEntry // the entries naming the view, for ExecListed
+}
+
+// viewEntry is a binaries entry naming the view: a path of space sp.
+type viewEntry struct {
+	sp   Space
+	path string // canonical in the space, without a trailing "/"
+	dir  bool
 }
 
 // Sandbox returns the [sandbox] table, or nil when the file has none: then
@@ -282,17 +290,13 @@ func (c *Config) ExplainExec(raw string, atoms cctx.Set) (Explanation, error) {
 // Such a path is read-only through the view for every caller, in every
 // context: what a run may ever execute there, no session process may
 // write, make, remove or move (docs/conditions.md). Without a [sandbox]
-// table nothing is.
+// table nothing is. It does not allocate: views ask it for listed entries.
 func (c *Config) ExecListed(sp Space, p string) bool {
-	if c.sandbox == nil || (sp != Memories && sp != Workspace) {
+	if c.sandbox == nil {
 		return false
 	}
-	for _, b := range c.sandbox.binaries {
-		esp, rest, ok := viewPath(strings.TrimSuffix(b, "/"))
-		if !ok || esp != sp {
-			continue
-		}
-		if p == rest || strings.HasSuffix(b, "/") && strings.HasPrefix(p, rest+"/") {
+	for _, e := range c.sandbox.view {
+		if e.sp == sp && (p == e.path || e.dir && beneath(p, e.path)) {
 			return true
 		}
 	}
@@ -304,17 +308,22 @@ func (c *Config) ExecListed(sp Space, p string) bool {
 // moves, nor does another take its name (its listed paths would then show
 // what the mover chose).
 func (c *Config) HoldsExecListed(sp Space, p string) bool {
-	if c.sandbox == nil || (sp != Memories && sp != Workspace) {
+	if c.sandbox == nil {
 		return false
 	}
-	for _, b := range c.sandbox.binaries {
-		esp, rest, ok := viewPath(strings.TrimSuffix(b, "/"))
-		if !ok || esp != sp {
-			continue
-		}
-		if p == "/" && rest != "/" || strings.HasPrefix(rest, p+"/") {
+	for _, e := range c.sandbox.view {
+		if e.sp == sp && beneath(e.path, p) {
 			return true
 		}
 	}
 	return false
+}
+
+// beneath reports whether the canonical path p lies strictly beneath the
+// canonical directory dir ("/" holds every other path).
+func beneath(p, dir string) bool {
+	if dir == "/" {
+		return p != "/"
+	}
+	return len(p) > len(dir) && p[len(dir)] == '/' && p[:len(dir)] == dir
 }

@@ -46,8 +46,17 @@ func newEgressNet(t *testing.T) *egressNet {
 			t.Fatalf("ip %v: %v\n%s", args, err, out)
 		}
 	}
-	exec.Command("ip", "netns", "del", n.ns).Run()
-	exec.Command("ip", "link", "del", hostEnd).Run()
+	// A test process killed before its cleanup (a timeout) leaves its
+	// network, whose 10.231.0.1 then takes this one's traffic: every
+	// egress test failed with "connection refused". Remove all of them.
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "cfeg") {
+				exec.Command("ip", "link", "del", f[0]+"h").Run()
+				exec.Command("ip", "netns", "del", f[0]).Run()
+			}
+		}
+	}
 	sh("netns", "add", n.ns)
 	t.Cleanup(func() {
 		exec.Command("ip", "link", "del", hostEnd).Run()

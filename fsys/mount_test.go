@@ -38,6 +38,24 @@ func canMount(t *testing.T) {
 	t.Skipf("a view cannot be mounted here: %s", why)
 }
 
+// testRulesHost parses rules into a pointer a view reads them from, and
+// makes a host closed when t ends.
+func testRulesHost(t *testing.T, rules string) (*atomic.Pointer[acl.Config], *Host) {
+	t.Helper()
+	p := &atomic.Pointer[acl.Config]{}
+	cfg, err := acl.Parse("conditions.toml", []byte(rules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Store(cfg)
+	host, err := NewHost(HostOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Close() })
+	return p, host
+}
+
 // sh runs script in a child process (this process serves the mount, and
 // a Go process that also used it could wait on itself).
 func sh(t *testing.T, dir, script string) string {
@@ -119,17 +137,8 @@ func TestMountedView(t *testing.T) {
 	os.MkdirAll(filepath.Join(mem, "private"), 0o755)
 	os.WriteFile(filepath.Join(mem, "private/p.md"), []byte("dm secret\n"), 0o644)
 	os.WriteFile(filepath.Join(mem, "pub.md"), []byte("public\n"), 0o644)
-	rules := &atomic.Pointer[acl.Config]{}
-	cfg, err := acl.Parse("conditions.toml", []byte(mountRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules.Store(cfg)
-	host, err := NewHost(HostOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	rules, host := testRulesHost(t, mountRules)
+	cfg := rules.Load()
 	var denied atomic.Int64
 	v, err := host.Mount(Options{Mountpoint: mnt, Memories: mem, Workspace: work, Rules: rules,
 		Context: dm, Owner: uint32(os.Getuid()),

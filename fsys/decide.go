@@ -164,11 +164,12 @@ func (d decision) listed(sp acl.Space, p string, typ uint8) (show, check bool) {
 }
 
 // handle decides an open file that is now at p with nlink names (named is
-// false when it left the space or cannot be named: no authority); a
-// writable one may not be readOnly.
-func (d decision) handle(sp acl.Space, p string, nlink uint64, named, writable bool) bool {
+// false when it left the space or cannot be named: no authority); written:
+// it, or another handle of its file, is open for writing, which a readOnly
+// file may not be.
+func (d decision) handle(sp acl.Space, p string, nlink uint64, named, written bool) bool {
 	ro := d.readOnly(sp, p)
-	return named && d.shows(sp, p) && !(nlink > 1 && (d.hidesLinked(sp) || ro)) && !(writable && ro)
+	return named && d.shows(sp, p) && !(nlink > 1 && (d.hidesLinked(sp) || ro)) && !(written && ro)
 }
 
 // sensitive reports whether a context switch can change what a listing of

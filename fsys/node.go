@@ -25,6 +25,12 @@ type node struct {
 
 	// noListCache: a listing of the directory hid a multiply-linked file.
 	noListCache atomic.Bool
+
+	// writers counts its handles open for writing: a file a run may
+	// execute (decision.readOnly) that has one is read through no handle,
+	// so that a shared mapping from before it was listed cannot bring
+	// pages it wrote back into the cache.
+	writers atomic.Int32
 }
 
 func (n *node) backing() *backing { return n.view.spaces.dirs[n.space] }

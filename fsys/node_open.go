@@ -79,6 +79,9 @@ var (
 func (n *node) newHandle(fd int, t *target, flags uint32) (*fileHandle, uint32, syscall.Errno) {
 	h := &fileHandle{node: n, fd: fd, lf: fs.NewLoopbackFile(fd).(*fs.LoopbackFile), ruled: t.ruled, last: t.path,
 		writable: flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0}
+	if h.writable {
+		n.writers.Add(1)
+	}
 	n.view.handles.add(h)
 	if n.view.generation() != t.gen {
 		if !h.decide(true) {
@@ -130,7 +133,7 @@ func (h *fileHandle) decide(audit bool) bool {
 	}
 	h.mu.Unlock()
 	d := v.decision()
-	vis := d.handle(h.node.space, p, nlink, ok, h.writable)
+	vis := d.handle(h.node.space, p, nlink, ok, h.writable || h.node.writers.Load() > 0)
 	h.mu.Lock()
 	h.gen, h.seen, h.cached, h.vis = g, m, true, vis
 	h.mu.Unlock()
@@ -192,6 +195,9 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.E
 // open's.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.node.view.handles.remove(h)
+	if h.writable {
+		h.node.writers.Add(-1)
+	}
 	return h.node.view.acts(func() syscall.Errno {
 		h.fdMu.Lock()
 		defer h.fdMu.Unlock()
@@ -309,8 +315,9 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 		unix.Close(fd)
 		return nil, 0, errnoOf(err)
 	}
-	// A hard link made since prepare must not open a protected file.
-	if t.d.hides(n.space, t.path, &st, nil) {
+	// A hard link made since prepare must not open a protected file, nor
+	// a handle read a file a run may execute while one writes it.
+	if t.d.hides(n.space, t.path, &st, nil) || n.writers.Load() > 0 && t.d.readOnly(n.space, t.path) {
 		unix.Close(fd)
 		return nil, 0, syscall.EACCES
 	}

@@ -153,8 +153,10 @@ func (al *allowState) placeholders(n string) error {
 }
 
 // set makes exactly the slots named in names attached: removals first, so
-// a failure part way never leaves more than was allowed before.
-func (al *allowState) set(names []string) error {
+// a failure part way never leaves more than was allowed before. live: a
+// command may be running, which may hold a view bind the kernel took away
+// (detachView).
+func (al *allowState) set(names []string, live bool) error {
 	want := map[string]bool{}
 	for _, n := range names {
 		want[n] = true
@@ -174,7 +176,7 @@ func (al *allowState) set(names []string) error {
 		if sl.attached && sl.kind == placeView {
 			// Bound anew below if still allowed: the view may show
 			// another file there now.
-			if err = sl.detachView(allowed(sl)); err != nil {
+			if err = sl.detachView(live); err != nil {
 				break
 			}
 			continue

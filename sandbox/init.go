@@ -192,7 +192,7 @@ func (d *dispatcher) runCommand(fk *forker, m message, is *initSpec) (code, sig 
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := d.al.set(spec.Allowed); err != nil {
+	if err := d.al.set(spec.Allowed, false); err != nil {
 		return 0, 0, step("binaries", err)
 	}
 	var pt *pty
@@ -331,7 +331,7 @@ func (d *dispatcher) loop() {
 			}
 		case opAllow:
 			e := ""
-			if err := d.al.set(m.Paths); err != nil {
+			if err := d.al.set(m.Paths, true); err != nil {
 				e = err.Error()
 			}
 			if err := d.ch.send(message{Op: opAck, ID: m.ID, Err: e}); err != nil || e != "" {

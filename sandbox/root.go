@@ -288,7 +288,7 @@ func buildRoot(is *initSpec) (*allowState, error) {
 	if err := pivot(n); err != nil {
 		return nil, step("pivot_root", err)
 	}
-	if err := al.set(s.Allowed); err != nil {
+	if err := al.set(s.Allowed, false); err != nil {
 		return nil, step("binaries", err)
 	}
 	for _, d := range append([]string{"/", "/etc", "/dev"}, h.binDirs...) {

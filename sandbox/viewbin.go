@@ -79,15 +79,18 @@ func (sl *slot) attachView(owner Spec) error {
 // the view may have moved it. It is made noexec first, so that a process
 // still in it (its cwd, an open file) executes nothing from it once it is
 // detached. A bind the kernel took away itself (EINVAL: its place was
-// invalidated or renamed over) cannot be made noexec any more, and a
-// process may still hold it: when the slot is no longer allowed, that is an
-// error, and the run, whose allowlist cannot follow, is killed.
-func (sl *slot) detachView(stillAllowed bool) error {
+// invalidated, as every entry is after a reload, and walked through) can
+// no longer be made noexec, and a running command may hold a file opened
+// through it, which it could map executable whatever the context says
+// next: while a command may be running (live) that is an error, and the
+// run, whose allowlist cannot follow, is killed. Between commands no
+// process of the run is left to hold it.
+func (sl *slot) detachView(live bool) error {
 	err := unix.MountSetattr(sl.spare, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOEXEC})
 	if err == nil {
 		err = unix.Unmount("/proc/self/fd/"+strconv.Itoa(sl.spare), unix.MNT_DETACH)
 	}
-	if err != nil && (!errors.Is(err, unix.EINVAL) || !stillAllowed) {
+	if err != nil && (!errors.Is(err, unix.EINVAL) || live) {
 		return fmt.Errorf("unbind %s: %w", sl.place, err)
 	}
 	unix.Close(sl.spare)

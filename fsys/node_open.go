@@ -317,7 +317,12 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 	}
 	// A hard link made since prepare must not open a protected file, nor
 	// a handle read a file a run may execute while one writes it.
-	if t.d.hides(n.space, t.path, &st, nil) || n.writers.Load() > 0 && t.d.readOnly(n.space, t.path) {
+	if t.d.hides(n.space, t.path, &st, nil) {
+		unix.Close(fd)
+		return nil, 0, syscall.EACCES
+	}
+	if n.writers.Load() > 0 && t.d.readOnly(n.space, t.path) {
+		n.view.auditDeny(t.d.atoms, n.space, t.path, "open while a handle from before its listing writes it")
 		unix.Close(fd)
 		return nil, 0, syscall.EACCES
 	}

@@ -170,14 +170,23 @@ func (al *allowState) set(names []string, live bool) error {
 		return false
 	}
 	rw := writableDirs{}
-	writable := rw.open
-	var err error
+	err := al.removeAll(allowed, rw, live)
+	if err == nil {
+		err = al.addAll(allowed, rw)
+	}
+	if e := rw.close(); err == nil {
+		err = e
+	}
+	return err
+}
+
+// removeAll detaches every slot not allowed, and every view binary (bound
+// anew by addAll if still allowed: the view may show another file there).
+func (al *allowState) removeAll(allowed func(*slot) bool, rw writableDirs, live bool) error {
 	for _, sl := range al.slots {
 		if sl.attached && sl.kind == placeView {
-			// Bound anew below if still allowed: the view may show
-			// another file there now.
-			if err = sl.detachView(live); err != nil {
-				break
+			if err := sl.detachView(live); err != nil {
+				return err
 			}
 			continue
 		}
@@ -185,62 +194,59 @@ func (al *allowState) set(names []string, live bool) error {
 			continue
 		}
 		if sl.kind == placeShown {
-			if err = setExec(sl.place, false); err != nil {
-				break
+			if err := setExec(sl.place, false); err != nil {
+				return err
 			}
 			sl.attached = false
 			continue
 		}
-		if err = unix.Unmount(sl.place, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
-			err = fmt.Errorf("unbind %s: %w", sl.place, err)
-			break
+		if err := unix.Unmount(sl.place, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			return fmt.Errorf("unbind %s: %w", sl.place, err)
 		}
 		sl.attached = false
 		if sl.kind == placeBin {
-			if err = writable(sl.binDir); err != nil {
-				break
+			if err := rw.open(sl.binDir); err != nil {
+				return err
 			}
-			if err = unix.Unlink(sl.place); err != nil {
-				err = fmt.Errorf("remove %s: %w", sl.place, err)
-				break
-			}
-		}
-	}
-	if err == nil {
-		for _, sl := range al.slots {
-			if sl.attached || !allowed(sl) {
-				continue
-			}
-			if sl.kind == placeShown {
-				if err = setExec(sl.place, true); err != nil {
-					break
-				}
-				sl.attached = true
-				continue
-			}
-			if sl.kind == placeView {
-				if err = sl.attachView(al.owner); err != nil {
-					break
-				}
-				continue
-			}
-			if sl.kind == placeBin {
-				if err = writable(sl.binDir); err != nil {
-					break
-				}
-				if err = sl.makeTarget(); err != nil {
-					break
-				}
-			}
-			if err = sl.attach(); err != nil {
-				break
+			if err := unix.Unlink(sl.place); err != nil {
+				return fmt.Errorf("remove %s: %w", sl.place, err)
 			}
 		}
 	}
-	if e := rw.close(); err == nil {
-		err = e
+	return nil
+}
+
+// addAll attaches every allowed slot not attached.
+func (al *allowState) addAll(allowed func(*slot) bool, rw writableDirs) error {
+	for _, sl := range al.slots {
+		if sl.attached || !allowed(sl) {
+			continue
+		}
+		switch sl.kind {
+		case placeShown:
+			if err := setExec(sl.place, true); err != nil {
+				return err
+			}
+			sl.attached = true
+			continue
+		case placeView:
+			if err := sl.attachView(al.owner); err != nil {
+				return err
+			}
+			continue
+		case placeBin:
+			if err := rw.open(sl.binDir); err != nil {
+				return err
+			}
+			if err := sl.makeTarget(); err != nil {
+				return err
+			}
+		}
+		if err := sl.attach(); err != nil {
+			return err
+		}
 	}
-	return err
+	return nil
 }
 
 // writableDirs are the bin directories an update made writable, each once.

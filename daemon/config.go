@@ -31,6 +31,9 @@ type configFile[T any] struct {
 	missing func() *T // what a missing file means at start
 	// rejectEmpty: a zero-length file on reload is an error (conditions).
 	rejectEmpty bool
+	// replacing, if set, is told of the snapshot a reload is about to
+	// replace, just before it does.
+	replacing func(old *T)
 
 	cur atomic.Pointer[T]
 
@@ -113,6 +116,9 @@ func (c *configFile[T]) reload(force bool) (changed bool, err error) {
 		msg := perr.Error()
 		c.lastErr = &msg
 		return false, perr
+	}
+	if c.replacing != nil {
+		c.replacing(c.cur.Load())
 	}
 	c.cur.Store(v)
 	c.commit()

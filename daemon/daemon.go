@@ -93,6 +93,10 @@ type Daemon struct {
 	log         *slog.Logger
 	audit       *slog.Logger
 	conditions  *configFile[acl.Config]
+	// replaced: the rules a reload is replacing, from just before the
+	// swap until every run follows the new ones; the views keep what they
+	// list for runs read-only meanwhile (fsys Options.Replaced).
+	replaced atomic.Pointer[acl.Config]
 	policy      *configFile[constraints.Policy]
 	server      *control.Server
 	metrics     *metrics.Metrics // nil: off
@@ -186,6 +190,7 @@ func New(cfg Config) (*Daemon, error) {
 		warm:        newWarmPool(cfg.WarmRuns),
 		egressSlots: egress.NewSlots(nodeConnections),
 	}
+	d.conditions.replacing = func(old *acl.Config) { d.replaced.Store(old) }
 	if err := d.conditions.initial(); err != nil {
 		return nil, err
 	}
@@ -472,7 +477,6 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		}
 	}
 	if condChanged {
-		d.log.Info("conditions reloaded", "generation", d.conditions.status().Generation)
 		for _, s := range d.sessionsWithViews() {
 			if err := s.view.Invalidate(oldRules); err != nil {
 				d.log.Warn("invalidate view", "mount", s.view.Mountpoint(), "err", err)
@@ -481,6 +485,8 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 			d.allowRuns(s, d.conditions.Load(), s.view.Context())
 			s.switchMu.Unlock()
 		}
+		d.replaced.Store(nil) // every run follows the new rules now
+		d.log.Info("conditions reloaded", "generation", d.conditions.status().Generation)
 	}
 	return d.configStatus()
 }

@@ -25,7 +25,7 @@ func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Er
 	id := r.id
 	v, err := d.host.Mount(fsys.Options{
 		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
-		Rules: d.conditions, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
+		Rules: d.conditions, Replaced: &d.replaced, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {
 			d.auditPath(id, atoms, sp, p, op)

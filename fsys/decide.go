@@ -56,7 +56,7 @@ func (v *View) Invalidate(old *acl.Config) error {
 // applied, and whether they are known.
 func (v *View) reloadedFrom() (decision, bool) {
 	d := v.decision()
-	d.cfg = v.authz.reloadOld
+	d.cfg, d.replaced = v.authz.reloadOld, nil
 	return d, d.cfg != nil
 }
 
@@ -79,12 +79,17 @@ func (v *View) reloadedFrom() (decision, bool) {
 //     change (sensitive, holdsRuled, changedFrom).
 type decision struct {
 	cfg       *acl.Config
+	replaced  *acl.Config // Options.Replaced: the rules a reload is replacing, or nil
 	atoms     cctx.Set
 	hardlinks bool // Options.AllowHardlinks: the hard-link rule is off
 }
 
 func (v *View) decision() decision {
-	return decision{cfg: v.authz.rules.Load(), atoms: *v.authz.atoms.Load(), hardlinks: v.opts.AllowHardlinks}
+	d := decision{cfg: v.authz.rules.Load(), atoms: *v.authz.atoms.Load(), hardlinks: v.opts.AllowHardlinks}
+	if v.opts.Replaced != nil {
+		d.replaced = v.opts.Replaced.Load()
+	}
+	return d
 }
 
 // path decides the canonical path p of space sp: whether the view shows it,
@@ -126,12 +131,18 @@ func (d decision) hidesLinked(sp acl.Space) bool {
 // [sandbox] binaries lists: a run may execute it (in some context), so no
 // one may write, make, remove or move it through the view (EROFS), and a
 // regular file with another name there is hidden (that name may be
-// writable), whatever the hard-link option says.
-func (d decision) readOnly(sp acl.Space, p string) bool { return d.cfg.ExecListed(sp, p) }
+// writable), whatever the hard-link option says. While a reload is
+// applied, what the rules it replaces list stays so: runs may still hold
+// it bound executable until the new rules reach them.
+func (d decision) readOnly(sp acl.Space, p string) bool {
+	return d.cfg.ExecListed(sp, p) || d.replaced != nil && d.replaced.ExecListed(sp, p)
+}
 
 // holdsReadOnly reports whether a path below p is readOnly: such a
 // directory never moves, nor does another take its name.
-func (d decision) holdsReadOnly(sp acl.Space, p string) bool { return d.cfg.HoldsExecListed(sp, p) }
+func (d decision) holdsReadOnly(sp acl.Space, p string) bool {
+	return d.cfg.HoldsExecListed(sp, p) || d.replaced != nil && d.replaced.HoldsExecListed(sp, p)
+}
 
 // ruledSpace reports whether sp has rules at all: names below a directory
 // that moves may then be decided differently.

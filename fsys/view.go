@@ -77,7 +77,11 @@ type Options struct {
 	Memories  string // backing directory of memories/
 	Workspace string // backing directory of workspace/
 	Rules     Rules
-	Context   cctx.Set
+	// Replaced, if set, gives the rules a reload is replacing while it is
+	// applied (nil otherwise): what they list for runs to execute stays
+	// read-only until the runs follow the new rules (decision.readOnly).
+	Replaced Rules
+	Context  cctx.Set
 	// AllowHardlinks turns off hiding of multiply-linked files and the
 	// refusal of link() in spaces that have rules.
 	AllowHardlinks bool

@@ -89,14 +89,14 @@ type Config struct {
 
 // Daemon is a running condfs.
 type Daemon struct {
-	cfg         Config
-	log         *slog.Logger
-	audit       *slog.Logger
-	conditions  *configFile[acl.Config]
+	cfg        Config
+	log        *slog.Logger
+	audit      *slog.Logger
+	conditions *configFile[acl.Config]
 	// replaced: the rules a reload is replacing, from just before the
 	// swap until every run follows the new ones; the views keep what they
 	// list for runs read-only meanwhile (fsys Options.Replaced).
-	replaced atomic.Pointer[acl.Config]
+	replaced    atomic.Pointer[acl.Config]
 	policy      *configFile[constraints.Policy]
 	server      *control.Server
 	metrics     *metrics.Metrics // nil: off

@@ -303,6 +303,20 @@ func (c *Config) ExecListed(sp Space, p string) bool {
 	return false
 }
 
+// ListsView reports whether a binaries entry names a path of view space
+// sp: there, a file with two names may have one a run executes.
+func (c *Config) ListsView(sp Space) bool {
+	if c.sandbox == nil {
+		return false
+	}
+	for _, e := range c.sandbox.view {
+		if e.sp == sp {
+			return true
+		}
+	}
+	return false
+}
+
 // HoldsExecListed reports whether a binaries entry names a path of view
 // space sp strictly beneath the canonical path p: such a directory never
 // moves, nor does another take its name (its listed paths would then show

@@ -122,9 +122,11 @@ func (d decision) denial(op opKind, sp acl.Space, dir, name string) syscall.Errn
 
 // hidesLinked is the hard-link rule: in a space with rules, a regular file
 // with more than one name is hidden (its other name may be protected) and
-// link(2) is refused.
+// link(2) is refused. So it is, whatever Options.AllowHardlinks says, in a
+// space where [sandbox] binaries lists paths (readOnly): a second name of
+// a file a run may execute, made before it was listed, would write it.
 func (d decision) hidesLinked(sp acl.Space) bool {
-	return !d.hardlinks && d.cfg.HasRules(sp)
+	return !d.hardlinks && d.cfg.HasRules(sp) || d.cfg.ListsView(sp) || d.replaced != nil && d.replaced.ListsView(sp)
 }
 
 // readOnly reports whether p is at or beneath a path of the view that

@@ -697,6 +697,10 @@ func (d *Daemon) mContextSet(ctx context.Context, params json.RawMessage) (any, 
 	defer s.switchMu.Unlock()
 	start := time.Now()
 	d.saveSession(s, set)
+	// What the switch takes from the runs goes before the view changes:
+	// a view binary allowed as a whole in the old context must not run,
+	// bound still, what the new one shows beneath it.
+	d.narrowRuns(s, d.conditions.Load(), s.view.Context(), set)
 	if err := s.view.SetContext(set); err != nil {
 		return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 	}

@@ -115,6 +115,24 @@ func (d *Daemon) allowRuns(s *session, cfg *acl.Config, set cctx.Set) {
 	}
 }
 
+// narrowRuns takes from each run of s, before a switch from context old to
+// set, the binaries set will not allow; those it adds come with allowRuns,
+// once the view has switched. A run that cannot follow is ended.
+func (d *Daemon) narrowRuns(s *session, cfg *acl.Config, old, set cctx.Set) {
+	for _, a := range s.runs.list() {
+		before := allowedBinaries(cfg, old, a.binaries)
+		after := allowedBinaries(cfg, set, a.binaries)
+		keep := slices.DeleteFunc(slices.Clone(before), func(n string) bool { return !slices.Contains(after, n) })
+		if len(keep) == len(before) {
+			continue
+		}
+		if err := a.r.Allow(keep); err != nil {
+			d.log.Info("run: its binaries not updated; it is ended", "session", s.id, "err", err)
+			a.r.Kill()
+		}
+	}
+}
+
 // allowedBinaries is what of binaries the context allows (none without a
 // [sandbox] table).
 func allowedBinaries(cfg *acl.Config, set cctx.Set, binaries []string) []string {

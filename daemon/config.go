@@ -32,8 +32,8 @@ type configFile[T any] struct {
 	// rejectEmpty: a zero-length file on reload is an error (conditions).
 	rejectEmpty bool
 	// replacing, if set, is told of the snapshot a reload is about to
-	// replace, just before it does.
-	replacing func(old *T)
+	// replace and of the new one, just before it does.
+	replacing func(old, cfg *T)
 
 	cur atomic.Pointer[T]
 
@@ -118,7 +118,7 @@ func (c *configFile[T]) reload(force bool) (changed bool, err error) {
 		return false, perr
 	}
 	if c.replacing != nil {
-		c.replacing(c.cur.Load())
+		c.replacing(c.cur.Load(), v)
 	}
 	c.cur.Store(v)
 	c.commit()

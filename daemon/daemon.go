@@ -190,7 +190,14 @@ func New(cfg Config) (*Daemon, error) {
 		warm:        newWarmPool(cfg.WarmRuns),
 		egressSlots: egress.NewSlots(nodeConnections),
 	}
-	d.conditions.replacing = func(old *acl.Config) { d.replaced.Store(old) }
+	d.conditions.replacing = func(old, cfg *acl.Config) {
+		d.replaced.Store(old)
+		for _, s := range d.sessionsWithViews() {
+			s.switchMu.Lock()
+			d.narrowRuns(s, old, s.view.Context(), cfg, s.view.Context())
+			s.switchMu.Unlock()
+		}
+	}
 	if err := d.conditions.initial(); err != nil {
 		return nil, err
 	}
@@ -700,7 +707,8 @@ func (d *Daemon) mContextSet(ctx context.Context, params json.RawMessage) (any, 
 	// What the switch takes from the runs goes before the view changes:
 	// a view binary allowed as a whole in the old context must not run,
 	// bound still, what the new one shows beneath it.
-	d.narrowRuns(s, d.conditions.Load(), s.view.Context(), set)
+	cfg := d.conditions.Load()
+	d.narrowRuns(s, cfg, s.view.Context(), cfg, set)
 	if err := s.view.SetContext(set); err != nil {
 		return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 	}

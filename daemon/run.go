@@ -115,12 +115,15 @@ func (d *Daemon) allowRuns(s *session, cfg *acl.Config, set cctx.Set) {
 	}
 }
 
-// narrowRuns takes from each run of s, before a switch from context old to
-// set, the binaries set will not allow; those it adds come with allowRuns,
-// once the view has switched. A run that cannot follow is ended.
-func (d *Daemon) narrowRuns(s *session, cfg *acl.Config, old, set cctx.Set) {
+// narrowRuns takes from each run of s, before its view moves from the rules
+// and context (oldCfg, old) to (cfg, set), the binaries the latter will not
+// allow; those it adds come with allowRuns, once the view has moved. A view
+// directory allowed as a whole must not stay bound executable while the
+// view already shows what the new rules or context show beneath it. A run
+// that cannot follow is ended.
+func (d *Daemon) narrowRuns(s *session, oldCfg *acl.Config, old cctx.Set, cfg *acl.Config, set cctx.Set) {
 	for _, a := range s.runs.list() {
-		before := allowedBinaries(cfg, old, a.binaries)
+		before := allowedBinaries(oldCfg, old, a.binaries)
 		after := allowedBinaries(cfg, set, a.binaries)
 		keep := slices.DeleteFunc(slices.Clone(before), func(n string) bool { return !slices.Contains(after, n) })
 		if len(keep) == len(before) {

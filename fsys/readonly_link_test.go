@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/condfs/condfs/acl"
 )
 
 // TestReadOnlyLinkedWriterAfterListing: a session links a file under a second
@@ -63,14 +61,7 @@ sys.stdin.readline()
 	if !lines.Scan() || lines.Text() != "open" {
 		t.Fatalf("held: %q", lines.Text())
 	}
-	listed, err := acl.Parse("conditions.toml", []byte(strings.Replace(unlisted, `"/bin/sh"`, `"/bin/sh", "/workspace/later"`, 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := rules.Swap(listed)
-	if err := v.Invalidate(old); err != nil {
-		t.Fatal(err)
-	}
+	listByReload(t, v, rules, unlisted, "/workspace/later")
 	t.Logf("after listing, two names: %q", sh(t, mnt, "cat workspace/later 2>&1"))
 	in.Write([]byte("\n"))
 	var got []string

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/condfs/condfs/acl"
 )
 
 // TestReadOnlyMmapAfterListing: a file held open for writing and mapped
@@ -62,14 +60,7 @@ sys.stdin.readline()
 	if !lines.Scan() || lines.Text() != "open" {
 		t.Fatalf("held: %q", lines.Text())
 	}
-	listed, err := acl.Parse("conditions.toml", []byte(strings.Replace(readOnlyRules, `"/bin/sh", `, `"/bin/sh", "/workspace/later", `, 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := rules.Swap(listed)
-	if err := v.Invalidate(old); err != nil {
-		t.Fatal(err)
-	}
+	listByReload(t, v, rules, readOnlyRules, "/workspace/later")
 	in.Write([]byte("\n"))
 	var got []string
 	for lines.Scan() {

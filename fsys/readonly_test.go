@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/condfs/condfs/acl"
@@ -16,6 +17,19 @@ const readOnlyRules = `
 [sandbox]
 binaries = ["/bin/sh", "/workspace/bin/", "/workspace/tool.sh", "/workspace/tools/bin/"]
 `
+
+// listByReload applies, as a reload does, the rules text with path added
+// to its [sandbox] binaries (text must list "/bin/sh").
+func listByReload(t *testing.T, v *View, rules *atomic.Pointer[acl.Config], text, path string) {
+	t.Helper()
+	listed, err := acl.Parse("conditions.toml", []byte(strings.Replace(text, `"/bin/sh"`, `"/bin/sh", "`+path+`"`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Invalidate(rules.Swap(listed)); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // TestReadOnlyExecListed: what [sandbox] binaries lists of the view is
 // read-only through the view, for every caller and in every context: no
@@ -94,14 +108,7 @@ except OSError as e:
 	if !lines.Scan() || lines.Text() != "open" {
 		t.Fatalf("held: %q", lines.Text())
 	}
-	listed, err := acl.Parse("conditions.toml", []byte(strings.Replace(readOnlyRules, `"/bin/sh", `, `"/bin/sh", "/workspace/later", `, 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := rules.Swap(listed)
-	if err := v.Invalidate(old); err != nil {
-		t.Fatal(err)
-	}
+	listByReload(t, v, rules, readOnlyRules, "/workspace/later")
 	in.Write([]byte("\n"))
 	lines.Scan()
 	got := lines.Text()

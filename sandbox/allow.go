@@ -38,6 +38,10 @@ type slot struct {
 	dir      bool
 	spare    int // a detached clone of the source, ready to attach; placeView: the attached bind
 	attached bool
+	// ghosts (placeView): binds of it the kernel took away while a command
+	// ran, which no one can make noexec; withdrawing the slot while one is
+	// kept ends the run (detachView).
+	ghosts []int
 }
 
 // allowState is the init's live allowlist. It keeps a detached clone of
@@ -100,6 +104,7 @@ func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, 
 
 func (al *allowState) close() {
 	for _, sl := range al.slots {
+		sl.dropGhosts()
 		if sl.spare >= 0 {
 			unix.Close(sl.spare)
 			sl.spare = -1
@@ -184,8 +189,8 @@ func (al *allowState) set(names []string, live bool) error {
 // anew by addAll if still allowed: the view may show another file there).
 func (al *allowState) removeAll(allowed func(*slot) bool, rw writableDirs, live bool) error {
 	for _, sl := range al.slots {
-		if sl.attached && sl.kind == placeView {
-			if err := sl.detachView(live); err != nil {
+		if sl.kind == placeView {
+			if err := sl.detachView(live, allowed(sl)); err != nil {
 				return err
 			}
 			continue

@@ -75,27 +75,55 @@ func (sl *slot) attachView(owner Spec) error {
 	})
 }
 
-// detachView removes sl's bind, by the descriptor of its root: a rename in
-// the view may have moved it. It is made noexec first, so that a process
-// still in it (its cwd, an open file) executes nothing from it once it is
-// detached. A bind the kernel took away itself (EINVAL: its place was
-// invalidated, as every entry is after a reload, and walked through) can
-// no longer be made noexec, and a running command may hold a file opened
-// through it, which it could map executable whatever the context says
-// next: while a command may be running (live) that is an error, and the
+// detachView removes sl's bind, if any, by the descriptor of its root: a
+// rename in the view may have moved it. It is made noexec first, so that a
+// process still in it (its cwd, an open file) executes nothing from it once
+// it is detached.
+//
+// A bind the kernel took away itself (EINVAL: its place was invalidated,
+// as every entry is after a reload, and walked through) can no longer be
+// made noexec, and a running command may hold a file opened through it,
+// which it could map executable whatever the context says next. While a
+// command may run (live), such a bind is kept as a ghost as long as the
+// slot stays allowed, and withdrawing a slot with a ghost is an error: the
 // run, whose allowlist cannot follow, is killed. Between commands no
-// process of the run is left to hold it.
-func (sl *slot) detachView(live bool) error {
+// process of the run is left to hold one, and ghosts go.
+func (sl *slot) detachView(live, stillAllowed bool) error {
+	if !live {
+		sl.dropGhosts()
+	}
+	if live && !stillAllowed && len(sl.ghosts) > 0 {
+		return fmt.Errorf("unbind %s: a bind the kernel took away may still be held", sl.place)
+	}
+	if !sl.attached {
+		return nil
+	}
 	err := unix.MountSetattr(sl.spare, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOEXEC})
 	if err == nil {
 		err = unix.Unmount("/proc/self/fd/"+strconv.Itoa(sl.spare), unix.MNT_DETACH)
 	}
-	if err != nil && (!errors.Is(err, unix.EINVAL) || live) {
+	switch {
+	case err == nil, errors.Is(err, unix.EINVAL) && !live:
+		unix.Close(sl.spare)
+	case errors.Is(err, unix.EINVAL) && stillAllowed && len(sl.ghosts) < maxGhosts:
+		sl.ghosts = append(sl.ghosts, sl.spare)
+	default:
 		return fmt.Errorf("unbind %s: %w", sl.place, err)
 	}
-	unix.Close(sl.spare)
 	sl.spare, sl.attached = -1, false
 	return nil
+}
+
+// maxGhosts bounds the ghosts one slot keeps (one a reload at most); a run
+// that would keep more is ended instead.
+const maxGhosts = 64
+
+// dropGhosts closes the descriptors of the binds the kernel took away.
+func (sl *slot) dropGhosts() {
+	for _, fd := range sl.ghosts {
+		unix.Close(fd)
+	}
+	sl.ghosts = nil
 }
 
 // splitView splits a path of the view into its space's root and the path

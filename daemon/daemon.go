@@ -114,7 +114,7 @@ type Daemon struct {
 	closing       atomic.Bool
 	denials       denialLimiter
 	warm          *warmPool              // sandboxes of the next runs, built ahead (warm.go)
-	egressSlots   *egress.Slots          // the node's bound on runs' open connections (egress.go)
+	egressPool    *egress.Pool           // the node's bound on runs' open connections (egress.go)
 	egressStack   atomic.Pointer[string] // the capture the last gateway got
 
 	stopWatch func()
@@ -131,7 +131,7 @@ type session struct {
 	runs      runs       // its condfs runs (run.go)
 	switchMu  sync.Mutex // one context switch at a time
 	egressMu  sync.Mutex
-	egress    *egress.Slots // its runs' egress connections together (egress.go)
+	egress    *egress.Share // its runs' egress connections together (egress.go)
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
 }
@@ -183,12 +183,12 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, audit: cfg.Audit,
-		conditions:  newConditions(cfg.Conditions),
-		policy:      newPolicy(cfg.Policy),
-		sessions:    map[string]*session{},
-		mounts:      map[string]string{},
-		warm:        newWarmPool(cfg.WarmRuns),
-		egressSlots: egress.NewSlots(nodeConnections),
+		conditions: newConditions(cfg.Conditions),
+		policy:     newPolicy(cfg.Policy),
+		sessions:   map[string]*session{},
+		mounts:     map[string]string{},
+		warm:       newWarmPool(cfg.WarmRuns),
+		egressPool: egress.NewPool(nodeConnections),
 	}
 	d.conditions.replacing = func(old, cfg *acl.Config) {
 		d.replaced.Store(old)

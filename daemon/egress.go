@@ -21,10 +21,11 @@ import (
 )
 
 // nodeConnections bounds the egress connections of every run of the node
-// at once. A connection whose program stops reading holds its windows and
-// relay buffers in the daemon (about 0.7 MB of its RSS measured,
-// TestAttackEgressMemory), which no run's memory limit counts: the node's
-// total is bounded here (about 700 MB at most).
+// at once, shared fairly among the sessions (egress.Pool). A connection
+// whose program stops reading holds its windows and relay buffers in the
+// daemon (about 0.7 MB of its RSS measured, TestAttackEgressMemory), which
+// no run's memory limit counts: the node's total is bounded here (about
+// 700 MB at most).
 const nodeConnections = 1024
 
 // egressLink is the run's end of its gateway, as the sandbox builds it.
@@ -81,8 +82,7 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 			return sb != nil && sb.MayReachPrivate(a)
 		},
 		Connections: sb.Connections(),
-		Session:     sessionSlots(s, sb.Connections()),
-		Node:        d.egressSlots,
+		Share:       d.egressShare(s, sb.Connections()),
 		Audit:       func(e egress.Event) { d.auditConnect(s, e) },
 		Log:         d.log,
 	})
@@ -95,14 +95,15 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 	return gw, nil
 }
 
-// sessionSlots is the bound all of s's runs share: [sandbox] connections
-// as it was at its first policy run, so that one session's runs together
-// hold no more than one run may (one session must not take the node's).
-func sessionSlots(s *session, n int) *egress.Slots {
+// egressShare is s's part of the node's pool, which all its runs share:
+// [sandbox] connections as it was at its first policy run, so that one
+// session's runs together hold no more than one run may, and the node's
+// pool shares its connections fairly among the sessions (egress.Pool).
+func (d *Daemon) egressShare(s *session, n int) *egress.Share {
 	s.egressMu.Lock()
 	defer s.egressMu.Unlock()
 	if s.egress == nil {
-		s.egress = egress.NewSlots(n)
+		s.egress = d.egressPool.Share(n)
 	}
 	return s.egress
 }
@@ -184,6 +185,6 @@ func (d *Daemon) egressStatus() map[string]any {
 	if p := d.egressStack.Load(); p != nil {
 		stack = *p
 	}
-	return map[string]any{"network": network, "connections": d.egressSlots.InUse(), "max_connections": nodeConnections,
+	return map[string]any{"network": network, "connections": d.egressPool.InUse(), "max_connections": d.egressPool.Max(),
 		"capture": d.cfg.EgressCapture, "stack": stack}
 }

@@ -74,10 +74,10 @@ type Config struct {
 	Reach func(netip.Addr) bool
 	// Connections bounds the run's open connections (0: 256).
 	Connections int
-	// Session and Node bound the open connections of every gateway that
-	// shares them (the daemon gives each session's runs one, and the node
-	// one); nil: no bound beyond Connections.
-	Session, Node *Slots
+	// Share bounds the open connections of every gateway of a session
+	// together, and its part of the node's Pool; nil: no bound beyond
+	// Connections.
+	Share *Share
 	// Audit is told of every decision; nil: nobody.
 	Audit func(Event)
 	Log   *slog.Logger
@@ -96,38 +96,6 @@ const (
 	// maxDNSFlows bounds the resolver's open exchanges.
 	maxDNSFlows = 64
 )
-
-// Slots bounds open connections across gateways.
-type Slots struct{ c chan struct{} }
-
-// NewSlots makes n slots.
-func NewSlots(n int) *Slots { return &Slots{c: make(chan struct{}, n)} }
-
-// InUse is how many slots are taken.
-func (s *Slots) InUse() int {
-	if s == nil {
-		return 0
-	}
-	return len(s.c)
-}
-
-func (s *Slots) take() bool {
-	if s == nil {
-		return true
-	}
-	select {
-	case s.c <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-func (s *Slots) give() {
-	if s != nil {
-		<-s.c
-	}
-}
 
 // Gateway is one run's egress gateway.
 type Gateway struct {
@@ -355,29 +323,35 @@ func (g *Gateway) audit(e Event) {
 	}
 }
 
-// admit takes a slot of the run's, the session's and the node's bounds
-// for a new connection; release gives them back. false: over one of them
-// (the connection is reset).
-func (g *Gateway) admit() (release func(), ok bool) {
+// admit takes a slot of the run's bound and of its session's Share for
+// f; release gives them back. false: over one of them (the connection is
+// reset). The Share may later evict f for a session holding fewer.
+func (g *Gateway) admit(f *flow) (release func(), ok bool) {
 	select {
 	case g.slots <- struct{}{}:
 	default:
 		return nil, false // over [sandbox] connections
 	}
-	if !g.cfg.Session.take() {
-		<-g.slots
-		return nil, false
-	}
-	if !g.cfg.Node.take() {
-		g.cfg.Session.give()
+	free, ok := g.cfg.Share.take(func() { g.evict(f) })
+	if !ok {
 		<-g.slots
 		return nil, false
 	}
 	return func() {
-		g.cfg.Node.give()
-		g.cfg.Session.give()
+		free()
 		<-g.slots
 	}, true
+}
+
+// evict cuts f, whose slot of the node's pool a session holding fewer
+// connections took.
+func (g *Gateway) evict(f *flow) {
+	e := Event{Addr: f.dialled(), Refused: "cut: the node's connections are all held, and this session holds the most"}
+	if r := f.decided.Load(); r != nil {
+		e.Request, e.Verdict = *r, Verdict{Decision: "allow"}
+	}
+	g.audit(e)
+	f.cut()
 }
 
 // serveFlow records f and serves it, to dst:port, in a goroutine of its

@@ -96,14 +96,14 @@ func (g *Gateway) onStream(c *net.TCPConn) {
 		resetConn(c)
 		return
 	}
-	release, ok := g.admit()
+	f := &flow{g: g, client: c, abort: func() { resetConn(c) }}
+	release, ok := g.admit(f)
 	if !ok {
 		resetConn(c) // over a bound
 		return
 	}
 	_ = c.SetReadBuffer(kernelBuffer)
 	_ = c.SetWriteBuffer(kernelBuffer)
-	f := &flow{g: g, client: c, abort: func() { resetConn(c) }}
 	if !g.serveFlow(f, dst.Addr(), int(dst.Port()), release) {
 		resetConn(c)
 		release()

@@ -98,12 +98,12 @@ func (g *Gateway) onTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	r.Complete(false)
-	release, ok := g.admit()
+	f := &flow{g: g, client: gonet.NewTCPConn(&wq, ep), abort: ep.Abort}
+	release, ok := g.admit(f)
 	if !ok {
 		ep.Abort() // over a bound: reset
 		return
 	}
-	f := &flow{g: g, client: gonet.NewTCPConn(&wq, ep), abort: ep.Abort}
 	if !g.serveFlow(f, netip.AddrFrom4(id.LocalAddress.As4()), int(id.LocalPort), release) {
 		ep.Abort()
 		release()

@@ -1,0 +1,110 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAttackEgressNodeFair: four sessions, each at its own bound of 256
+// idle connections, held all 1024 of the node's, and every other
+// session's run could open none (a reset at once): four callers' load was
+// every session's outage. The node's pool is now shared fairly: a session
+// holding fewer takes the oldest connection of the session holding the
+// most, which is cut and audited.
+func TestAttackEgressNodeFair(t *testing.T) {
+	n := newEgressNet(t)
+	n.serve(t)
+	h := openHome(t, "-")
+	h.t = t
+	hosts := h.write("config/hosts", egressHosts)
+	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1)) // the default, 256
+	h.write("config/policy.yaml", egressPolicy)
+	os.Chmod(h.path("workspace"), 0o777)
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(h.path("run"), 0o755)
+	hog := `
+import socket, sys
+cs = []
+for i in range(256):
+    try:
+        cs.append(socket.create_connection(("echo.test", 7000), timeout=5))
+    except Exception as e:
+        print("conn", i, type(e).__name__, flush=True)
+        break
+print("holding", len(cs), flush=True)
+sys.stdin.readline()
+alive = 0
+for c in cs:
+    try:
+        c.settimeout(5)
+        c.sendall(b"\x00")  # a control byte: classified "tcp" at once
+        got = b""
+        while not got.endswith(b"\x00"):  # the server's banner, then the echo
+            b = c.recv(64)
+            if not b:
+                break
+            got += b
+        if got == b"banner\n\x00":
+            alive += 1
+    except OSError:
+        pass
+print("alive", alive, flush=True)
+`
+	type run struct {
+		stdin io.Writer
+		line  func() string
+	}
+	var hogs []run
+	for i := range 4 {
+		id := fmt.Sprintf("hog%d", i)
+		d.openFor(id, nobody, dmCtx)
+		stdin, line := egressLive(t, d, id, hog)
+		t.Logf("session %s: %s", id, line())
+		hogs = append(hogs, run{stdin, line})
+	}
+	var st struct {
+		Egress struct {
+			Connections int `json:"connections"`
+			Max         int `json:"max_connections"`
+		} `json:"egress"`
+	}
+	// A run's connect returns at the kernel's handshake; the daemon admits
+	// each when it accepts it.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		d.call("status", map[string]any{}, &st)
+		if st.Egress.Connections == st.Egress.Max || time.Now().After(deadline) {
+			break
+		}
+	}
+	if st.Egress.Connections != st.Egress.Max {
+		t.Fatalf("the hogs hold %d of the node's %d connections; the test needs them all", st.Egress.Connections, st.Egress.Max)
+	}
+	d.openFor("victim", nobody, dmCtx)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "victim", "--",
+		"curl", "-sS", "--max-time", "10", "--noproxy", "*", "http://web.test/x")
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "GET /x host=web.test") {
+		t.Errorf("HOLE: four sessions hold all %d of the node's egress connections; another session's run: %s", st.Egress.Max, out)
+	}
+	// Exactly one hog lost one connection, to the victim, and it was audited.
+	lost := 0
+	for i, r := range hogs {
+		r.stdin.Write([]byte("\n"))
+		l := r.line()
+		t.Logf("session hog%d: %s", i, l)
+		if l != "alive 256" {
+			lost++
+		}
+	}
+	if lost != 1 {
+		t.Errorf("%d hogs lost connections, want 1", lost)
+	}
+	if !strings.Contains(d.log(), "this session holds the most") {
+		t.Errorf("no audited eviction:\n%s", d.log())
+	}
+}

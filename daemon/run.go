@@ -24,6 +24,7 @@ import (
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/stdiofd"
 	"github.com/condfs/condfs/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -497,14 +498,23 @@ func stdioOK(f *os.File) error {
 	}
 	// Anonymous inodes may show a file type of their own (pidfs files
 	// are S_IFREG): their /proc name says what they are.
-	if name, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); err != nil {
+	name, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	switch {
+	case err != nil:
 		return fmt.Errorf("what the descriptor is: %w", err)
-	} else if strings.HasPrefix(name, "anon_inode:") || strings.HasPrefix(name, "pidfd:") {
+	case strings.HasPrefix(name, "anon_inode:") || strings.HasPrefix(name, "pidfd:"):
 		return fmt.Errorf("%s cannot be stdio", name)
-	} else if st.Mode&unix.S_IFMT == unix.S_IFREG && (!strings.HasPrefix(name, "/") || internalFile(name)) {
+	case st.Mode&unix.S_IFMT == unix.S_IFREG && (!strings.HasPrefix(name, "/") || internalFile(name)):
 		// A memfd lives on a mount Landlock does not govern: given as
 		// stdio, the command could execve it (fexecve).
 		return fmt.Errorf("%s (a file of no filesystem's tree) cannot be stdio", name)
+	}
+	if m, err := stdiofd.Mappable(fd); err != nil {
+		return err
+	} else if m {
+		// The command could map it executable, or execute it, through
+		// its own mount (internal/stdiofd): condfs run passes a pipe.
+		return fmt.Errorf("%s (a file on a mount that allows execution, or a device) cannot be stdio; pass it through a pipe", name)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return nil

@@ -56,6 +56,7 @@ type Host struct {
 
 	backings backingSet
 	threads  threadSet
+	files    *fileBudget // the descriptors open files may hold (files.go)
 
 	// acting holds a token for each place taken on the host (acting.go).
 	acting chan struct{}
@@ -93,6 +94,7 @@ func NewHost(o HostOptions) (*Host, error) {
 	h := &Host{
 		log: o.Logger, hooks: testHooks(), debug: o.Debug, observe: o.Observe, views: map[*View]struct{}{},
 		acting: make(chan struct{}, maxActing()), threads: threadSet{maxIdle: maxIdlePins()},
+		files: newFileBudget(),
 	}
 	if o.CacheTTL > DefaultAttrTimeout {
 		w, err := newWatcher(h, o.CacheTTL)
@@ -139,12 +141,18 @@ func (h *Host) Close() error {
 
 func (h *Host) register(v *View) {
 	h.mu.Lock()
+	if _, ok := h.views[v]; !ok && h.hub == nil {
+		h.files.conns.Add(1) // its own connection's descriptors
+	}
 	h.views[v] = struct{}{}
 	h.mu.Unlock()
 }
 
 func (h *Host) unregister(v *View) {
 	h.mu.Lock()
+	if _, ok := h.views[v]; ok && h.hub == nil {
+		h.files.conns.Add(-1)
+	}
 	delete(h.views, v)
 	h.mu.Unlock()
 }

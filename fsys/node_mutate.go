@@ -49,7 +49,15 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		return nil, nil, 0, errno
 	}
 	defer t.leave()
+	// The descriptor is taken before the file is made: a refusal leaves
+	// nothing behind.
+	if errno := n.view.takeFile(); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	fd, err := unix.Openat(t.dirfd, name, openFlags(flags)|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		n.view.giveFile() // openEntry takes its own below
+	}
 	if err == unix.EEXIST && flags&syscall.O_EXCL == 0 {
 		e, errno := n.prepare(t.as, opLookup, name)
 		if errno != 0 {
@@ -71,6 +79,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	ch, errno := n.made(ctx, &t, out)
 	if errno != 0 {
 		unix.Close(fd)
+		n.view.giveFile()
 		return nil, nil, 0, errno
 	}
 	fh, fflags, errno := ch.Operations().(*node).newHandle(fd, &t, flags)

@@ -70,7 +70,8 @@ var (
 	_ fs.FileSetlkwer  = (*fileHandle)(nil)
 )
 
-// newHandle wraps an fd opened on n for t and registers it for
+// newHandle wraps an fd opened on n for t, holding a descriptor of the
+// view's (takeFile) that Release gives back, and registers it for
 // revocation. A switch, reload or rename that began after t was decided may
 // have looked for open files (revoke) before this one was registered: the
 // handle is then decided again, and the kernel drops the file's cached
@@ -198,6 +199,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if h.writable {
 		h.node.writers.Add(-1)
 	}
+	defer h.node.view.giveFile()
 	return h.node.view.acts(func() syscall.Errno {
 		h.fdMu.Lock()
 		defer h.fdMu.Unlock()
@@ -306,25 +308,40 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 		n.view.auditDeny(t.d.atoms, n.space, t.path, "open of a special file")
 		return nil, 0, syscall.EACCES
 	}
+	if errno := n.view.takeFile(); errno != 0 {
+		return nil, 0, errno
+	}
+	fd, errno := n.reopenChecked(t, flags)
+	if errno != 0 {
+		n.view.giveFile()
+		return nil, 0, errno
+	}
+	return n.newHandle(fd, t, flags)
+}
+
+// reopenChecked opens t's file with flags for a handle, unless a hard link
+// made since prepare hides it or a handle from before its listing writes
+// it.
+func (n *node) reopenChecked(t *target, flags uint32) (int, syscall.Errno) {
 	fd, err := reopen(t.fd, openFlags(flags))
 	if err != nil {
-		return nil, 0, errnoOf(err)
+		return -1, errnoOf(err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, 0, errnoOf(err)
+		return -1, errnoOf(err)
 	}
 	// A hard link made since prepare must not open a protected file, nor
 	// a handle read a file a run may execute while one writes it.
 	if t.d.hides(n.space, t.path, &st, nil) {
 		unix.Close(fd)
-		return nil, 0, syscall.EACCES
+		return -1, syscall.EACCES
 	}
 	if n.writers.Load() > 0 && t.d.readOnly(n.space, t.path) {
 		n.view.auditDeny(t.d.atoms, n.space, t.path, "open while a handle from before its listing writes it")
 		unix.Close(fd)
-		return nil, 0, syscall.EACCES
+		return -1, syscall.EACCES
 	}
-	return n.newHandle(fd, t, flags)
+	return fd, 0
 }

@@ -27,8 +27,9 @@
 // what the kernel caches and how it is dropped (listings, name sets, the
 // reload barrier); watch*.go, inotify and the fanotify link watch, which
 // report to the views; conn*.go, a FUSE connection (its mount, the hub,
-// fusermount3, stale mounts); guard.go, panics and metrics; view.go, a
-// session's view (mount, switch, reload, unmount).
+// fusermount3, stale mounts); guard.go, panics and metrics; files.go, the
+// bound on the descriptors open files hold; view.go, a session's view
+// (mount, switch, reload, unmount).
 //
 // Authority is never more than the caller's: a root daemon runs every
 // backing call with the requesting process's fsuid, fsgid and groups
@@ -321,6 +322,10 @@ func (v *View) admits(uid uint32) bool {
 type handleSet struct {
 	mu sync.Mutex
 	m  map[*fileHandle]struct{}
+	// open counts the descriptors the view's open files hold, and the
+	// opens under way (files.go); warned, that one met its bound.
+	open   atomic.Int64
+	warned atomic.Bool
 }
 
 func (s *handleSet) add(h *fileHandle) {

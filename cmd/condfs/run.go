@@ -16,6 +16,7 @@ import (
 
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/internal/cli"
+	"github.com/condfs/condfs/internal/stdiofd"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
@@ -151,8 +152,16 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	}
 	req, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "run", "params": params})
 	// Our stdio goes with the request: the command reads and writes it
-	// directly, with nothing relayed.
-	if _, _, err := c.WriteMsgUnix(append(req, '\n'), unix.UnixRights(0, 1, 2), nil); err != nil {
+	// directly, except what it could map executable (a regular file on an
+	// exec mount, a device), which the daemon refuses: a pipe goes in its
+	// place, copied here.
+	relay, err := relayStdio()
+	if err != nil {
+		return fail("a pipe for the command's stdio: %v", err)
+	}
+	_, _, err = c.WriteMsgUnix(append(req, '\n'), unix.UnixRights(relay.fds[:]...), nil)
+	relay.sent()
+	if err != nil {
 		return fail("send the request: %v", err)
 	}
 	_, sized := params["rows"]
@@ -162,7 +171,64 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fail("the daemon closed the connection before the command ended: %v", err)
 	}
+	// Every process of the run is gone: the output copies end once they
+	// have written what it wrote.
+	relay.out.Wait()
 	return runAnswer(line, stderr)
+}
+
+// stdioRelay is the stdio sent with a run: ours, or in place of each of
+// ours that internal/stdiofd calls mappable, a pipe's end, the other end
+// copied to or from ours by a goroutine.
+type stdioRelay struct {
+	fds   [3]int
+	pipes []int // the ends sent, closed once sent
+	out   sync.WaitGroup
+}
+
+func relayStdio() (*stdioRelay, error) {
+	r := &stdioRelay{fds: [3]int{0, 1, 2}}
+	for i, ours := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
+		if m, err := stdiofd.Mappable(i); err != nil || !m {
+			continue // the daemon says what is wrong with it
+		}
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			r.sent()
+			return nil, err
+		}
+		// The command's end stays blocking; ours is polled (the two ends
+		// are two open files, each with its own flags).
+		mine, theirs := p[1], p[0]
+		if i > 0 {
+			mine, theirs = p[0], p[1]
+		}
+		_ = unix.SetNonblock(mine, true)
+		pipe := os.NewFile(uintptr(mine), "stdio pipe")
+		r.fds[i] = theirs
+		r.pipes = append(r.pipes, theirs)
+		if i == 0 {
+			// Ends with our stdin, or when the run's last reader goes
+			// (EPIPE).
+			go func() { _, _ = io.Copy(pipe, ours); pipe.Close() }()
+			continue
+		}
+		r.out.Add(1)
+		go func() {
+			defer r.out.Done()
+			_, _ = io.Copy(ours, pipe)
+			pipe.Close()
+		}()
+	}
+	return r, nil
+}
+
+// sent closes our copies of the pipe ends the daemon now holds.
+func (r *stdioRelay) sent() {
+	for _, fd := range r.pipes {
+		unix.Close(fd)
+	}
+	r.pipes = nil
 }
 
 // runAnswer turns the daemon's answer into condfs run's exit status.

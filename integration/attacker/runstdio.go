@@ -12,8 +12,9 @@ import (
 
 // runStdio sends the run method for `sh -c script` in session with its
 // stdio made of kind: "ctl" (stdin a second connection to the control
-// socket), "pidfd" (a pidfd of this process), "epoll", "memfd", or "four"
-// (0, 1, 2 and 0 again). It prints the daemon's answer line.
+// socket), "pidfd" (a pidfd of this process), "epoll", "memfd", "execfile"
+// (this program's file), "zero" (/dev/zero), or "four" (0, 1, 2 and 0
+// again). It prints the daemon's answer line.
 func runStdio(sock, session, kind, script string) {
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -45,6 +46,19 @@ func runStdio(sock, session, kind, script string) {
 		fds[0] = fd
 	case "memfd":
 		fd, err := unix.MemfdCreate("prog", 0)
+		if report(err) {
+			return
+		}
+		fds[0] = fd
+	case "execfile", "zero":
+		// A regular file on a mount that allows execution (this program),
+		// and a device that maps as shared memory: the command could map
+		// either executable.
+		name := "/proc/self/exe"
+		if kind == "zero" {
+			name = "/dev/zero"
+		}
+		fd, err := unix.Open(name, unix.O_RDONLY, 0)
 		if report(err) {
 			return
 		}

@@ -1,0 +1,77 @@
+package fsys
+
+import (
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Every open file of a view holds a descriptor of the daemon's (its
+// backing file, reopened), which no caller's RLIMIT_NOFILE counts: one run
+// that opened files until it could not took all of the daemon's, and every
+// other session's opens, the control socket's accepts and new runs failed
+// with it (TestAtk6OpenFilesExhaustDaemon). So open files are bounded
+// twice: a view holds at most perView of them (EMFILE beyond, as a
+// process's own limit answers), and all views together leave a reserve of
+// the daemon's descriptors for everything else, the views' own FUSE
+// connections included (ENFILE beyond, as the system's limit answers).
+type fileBudget struct {
+	open    atomic.Int64 // descriptors open files hold, in every view
+	conns   atomic.Int64 // views with a FUSE connection of their own
+	limit   int64        // the daemon's RLIMIT_NOFILE when the host was made
+	perView int64
+}
+
+// Descriptors one view's own connection holds (/dev/fuse and its dup), and
+// the part of the limit open files never take (sockets, config files, the
+// sandbox's, the watcher's).
+const (
+	fdsPerConnection = 2
+	minReservedFDs   = 512
+)
+
+func newFileBudget() *fileBudget {
+	limit := int64(1024)
+	var r unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) == nil && r.Cur < 1<<40 {
+		limit = int64(r.Cur)
+	}
+	return &fileBudget{limit: limit, perView: max(limit/16, 64)}
+}
+
+// room is how many descriptors open files may hold in all views now.
+func (b *fileBudget) room() int64 {
+	return b.limit - max(b.limit/8, minReservedFDs) - fdsPerConnection*b.conns.Load()
+}
+
+// takeFile takes a descriptor for an open file of v; giveFile gives it
+// back. Its errno is EMFILE when v holds its share, ENFILE when the
+// daemon does.
+func (v *View) takeFile() syscall.Errno {
+	b := v.host.files
+	if v.handles.open.Add(1) > b.perView {
+		v.handles.open.Add(-1)
+		v.filesExhausted("a view's open files", b.perView)
+		return syscall.EMFILE
+	}
+	if b.open.Add(1) > b.room() {
+		b.open.Add(-1)
+		v.handles.open.Add(-1)
+		v.filesExhausted("all views' open files", b.room())
+		return syscall.ENFILE
+	}
+	return 0
+}
+
+func (v *View) giveFile() {
+	v.host.files.open.Add(-1)
+	v.handles.open.Add(-1)
+}
+
+// filesExhausted logs, once per view, that it met a bound.
+func (v *View) filesExhausted(what string, n int64) {
+	if v.handles.warned.CompareAndSwap(false, true) {
+		v.log.Warn("open files refused: at the bound of "+what, "bound", n)
+	}
+}

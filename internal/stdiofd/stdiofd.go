@@ -1,0 +1,44 @@
+// Package stdiofd tells which descriptors a sandboxed command may be given
+// as its stdio as they are.
+//
+// A command may map any descriptor it holds executable, or execute it
+// through /proc/self/fd, wherever the descriptor's own mount allows: the
+// run's noexec mounts say nothing of a file its caller opened elsewhere. A
+// workspace file given as stdin through the host's view mount (mounted
+// exec) ran as a program through the ELF interpreter, though no binaries
+// entry listed it (TestAtk6StdinExecMount). So the daemon refuses such a
+// descriptor as stdio, and condfs run gives the command a pipe in its
+// place, copying between the two itself.
+package stdiofd
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mappable reports whether fd could be mapped executable or executed by a
+// command that holds it: a regular file on a mount without noexec, or a
+// character device that is neither a terminal nor /dev/null (/dev/zero
+// maps as shared memory). Pipes, sockets, terminals and /dev/null are not.
+func Mappable(fd int) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		var sfs unix.Statfs_t
+		if err := unix.Fstatfs(fd, &sfs); err != nil {
+			return false, fmt.Errorf("its filesystem: %w", err)
+		}
+		return sfs.Flags&unix.ST_NOEXEC == 0, nil
+	case unix.S_IFCHR:
+		if unix.Major(st.Rdev) == 1 && unix.Minor(st.Rdev) == 3 {
+			return false, nil // /dev/null
+		}
+		_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+		return err != nil, nil
+	}
+	return false, nil
+}

@@ -1,0 +1,67 @@
+package stdiofd
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestMappable(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for _, c := range []struct {
+		name string
+		open func() (*os.File, error)
+		want bool
+	}{
+		{"a regular file", func() (*os.File, error) { return os.Open(file) }, sfs.Flags&unix.ST_NOEXEC == 0},
+		{"/dev/null", func() (*os.File, error) { return os.Open(os.DevNull) }, false},
+		{"/dev/zero", func() (*os.File, error) { return os.Open("/dev/zero") }, true},
+		{"a pipe", func() (*os.File, error) {
+			fd, err := unix.Dup(int(r.Fd()))
+			return os.NewFile(uintptr(fd), "pipe"), err
+		}, false},
+	} {
+		f, err := c.open()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		got, err := Mappable(int(f.Fd()))
+		f.Close()
+		if err != nil || got != c.want {
+			t.Errorf("%s: Mappable %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	// A file on a noexec mount (root mounts one; elsewhere, not tried).
+	if os.Geteuid() != 0 {
+		return
+	}
+	noexec := t.TempDir()
+	if err := unix.Mount("tmpfs", noexec, "tmpfs", unix.MS_NOEXEC, "size=1m"); err != nil {
+		t.Fatalf("mount a noexec tmpfs: %v", err)
+	}
+	defer unix.Unmount(noexec, unix.MNT_DETACH)
+	f, err := os.Create(filepath.Join(noexec, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got, err := Mappable(int(f.Fd())); err != nil || got {
+		t.Errorf("a file on a noexec mount: Mappable %v, %v; want false", got, err)
+	}
+}

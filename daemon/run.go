@@ -514,7 +514,7 @@ func stdioOK(f *os.File) error {
 	} else if m {
 		// The command could map it executable, or execute it, through
 		// its own mount (internal/stdiofd): condfs run passes a pipe.
-		return fmt.Errorf("%s (a file on a mount that allows execution, or a device) cannot be stdio; pass it through a pipe", name)
+		return fmt.Errorf("%s (a regular file, or a device) cannot be stdio; pass it through a pipe", name)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return nil
@@ -534,6 +534,14 @@ func stdioOK(f *os.File) error {
 	}
 	if int(cred.Pid) == os.Getpid() {
 		return errors.New("a connection to condfs itself cannot be stdio")
+	}
+	// Its peer could send the command descriptors (SCM_RIGHTS): a file
+	// of an exec mount, mapped executable (TestAtk7StdinSocketPassesFDs).
+	// The socket refuses them from now on, and the run's seccomp filter
+	// keeps the command from turning that back (kernels since 6.16; an
+	// older one lets them through: docs/sandbox.md).
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSRIGHTS, 0); err != nil && err != unix.ENOPROTOOPT {
+		return fmt.Errorf("a Unix socket that cannot refuse descriptors: %w", err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package fsys
 
 import (
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -12,15 +13,20 @@ import (
 // that opened files until it could not took all of the daemon's, and every
 // other session's opens, the control socket's accepts and new runs failed
 // with it (TestAtk6OpenFilesExhaustDaemon). So open files are bounded
-// twice: a view holds at most perView of them (EMFILE beyond, as a
-// process's own limit answers), and all views together leave a reserve of
-// the daemon's descriptors for everything else, the views' own FUSE
+// three times: a view holds at most perView of them, and the views of one
+// owner together at most half of the room (EMFILE beyond, as a process's
+// own limit answers: one uid opening sessions of its own filled the room,
+// TestAtk7OneUidAllRoom); and all views together leave a reserve of the
+// daemon's descriptors for everything else, the views' own FUSE
 // connections included (ENFILE beyond, as the system's limit answers).
 type fileBudget struct {
 	open    atomic.Int64 // descriptors open files hold, in every view
 	conns   atomic.Int64 // views with a FUSE connection of their own
 	limit   int64        // the daemon's RLIMIT_NOFILE when the host was made
 	perView int64
+
+	mu      sync.Mutex
+	byOwner map[uint32]*atomic.Int64 // what each owner's views hold
 }
 
 // Descriptors one view's own connection holds (/dev/fuse and its dup), and
@@ -37,7 +43,20 @@ func newFileBudget() *fileBudget {
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) == nil && r.Cur < 1<<40 {
 		limit = int64(r.Cur)
 	}
-	return &fileBudget{limit: limit, perView: max(limit/16, 64)}
+	return &fileBudget{limit: limit, perView: max(limit/16, 64), byOwner: map[uint32]*atomic.Int64{}}
+}
+
+// owner is the count of what uid's views hold (kept for the daemon's
+// life: one per owner uid).
+func (b *fileBudget) owner(uid uint32) *atomic.Int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.byOwner[uid]
+	if c == nil {
+		c = &atomic.Int64{}
+		b.byOwner[uid] = c
+	}
+	return c
 }
 
 // room is how many descriptors open files may hold in all views now.
@@ -49,14 +68,21 @@ func (b *fileBudget) room() int64 {
 // back. Its errno is EMFILE when v holds its share, ENFILE when the
 // daemon does.
 func (v *View) takeFile() syscall.Errno {
-	b := v.host.files
+	b, owner := v.host.files, v.handles.owner
 	if v.handles.open.Add(1) > b.perView {
 		v.handles.open.Add(-1)
 		v.filesExhausted("a view's open files", b.perView)
 		return syscall.EMFILE
 	}
+	if half := b.room() / 2; owner.Add(1) > half {
+		owner.Add(-1)
+		v.handles.open.Add(-1)
+		v.filesExhausted("its owner's open files", half)
+		return syscall.EMFILE
+	}
 	if b.open.Add(1) > b.room() {
 		b.open.Add(-1)
+		owner.Add(-1)
 		v.handles.open.Add(-1)
 		v.filesExhausted("all views' open files", b.room())
 		return syscall.ENFILE
@@ -66,6 +92,7 @@ func (v *View) takeFile() syscall.Errno {
 
 func (v *View) giveFile() {
 	v.host.files.open.Add(-1)
+	v.handles.owner.Add(-1)
 	v.handles.open.Add(-1)
 }
 

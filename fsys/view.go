@@ -257,6 +257,7 @@ func (h *Host) newView(opts Options) (*View, error) {
 	}
 	v.root = &rootNode{view: v}
 	v.root.access = newRootAccess(v)
+	v.handles.owner = h.files.owner(opts.Owner)
 	h.register(v) // until closeBacking: renames through other views reach its handles
 	zero := time.Duration(0)
 	v.mnt.fsOpts = &fs.Options{
@@ -323,8 +324,10 @@ type handleSet struct {
 	mu sync.Mutex
 	m  map[*fileHandle]struct{}
 	// open counts the descriptors the view's open files hold, and the
-	// opens under way (files.go); warned, that one met its bound.
+	// opens under way, and owner what all its owner's views hold
+	// (files.go); warned, that one met its bound.
 	open   atomic.Int64
+	owner  *atomic.Int64
 	warned atomic.Bool
 }
 

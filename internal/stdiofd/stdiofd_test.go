@@ -14,10 +14,6 @@ func TestMappable(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(dir, &sfs); err != nil {
-		t.Fatal(err)
-	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +25,7 @@ func TestMappable(t *testing.T) {
 		open func() (*os.File, error)
 		want bool
 	}{
-		{"a regular file", func() (*os.File, error) { return os.Open(file) }, sfs.Flags&unix.ST_NOEXEC == 0},
+		{"a regular file", func() (*os.File, error) { return os.Open(file) }, true},
 		{"/dev/null", func() (*os.File, error) { return os.Open(os.DevNull) }, false},
 		{"/dev/zero", func() (*os.File, error) { return os.Open("/dev/zero") }, true},
 		{"a pipe", func() (*os.File, error) {
@@ -61,7 +57,8 @@ func TestMappable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if got, err := Mappable(int(f.Fd())); err != nil || got {
-		t.Errorf("a file on a noexec mount: Mappable %v, %v; want false", got, err)
+	// Its mount's flags can change after the check: still mappable.
+	if got, err := Mappable(int(f.Fd())); err != nil || !got {
+		t.Errorf("a file on a noexec mount: Mappable %v, %v; want true", got, err)
 	}
 }

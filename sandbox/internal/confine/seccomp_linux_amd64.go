@@ -208,6 +208,16 @@ var argChecks = []struct {
 		f.cond(bpf.JumpBitsSet, unix.PROT_EXEC, toEPERM)
 		f.ret(retAllow)
 	}},
+	// setsockopt(fd, level, optname, ...): SO_PASSRIGHTS stays as the
+	// daemon set it on a stdio socket (off: no descriptor reaches the
+	// command through it). The kernel reads level and optname as ints.
+	{[]uint32{unix.SYS_SETSOCKOPT}, func(f *filter) {
+		f.load(offArg1Low)
+		f.cond(bpf.JumpNotEqual, unix.SOL_SOCKET, toAllow)
+		f.load(offArg2Low)
+		f.cond(bpf.JumpEqual, unix.SO_PASSRIGHTS, toEPERM)
+		f.ret(retAllow)
+	}},
 	// shmat(id, addr, flags): no executable System V segment.
 	{[]uint32{unix.SYS_SHMAT}, func(f *filter) {
 		f.load(offArg2Low)

@@ -535,6 +535,11 @@ func stdioOK(f *os.File) error {
 	if int(cred.Pid) == os.Getpid() {
 		return errors.New("a connection to condfs itself cannot be stdio")
 	}
+	// A listening socket's queued connections took SO_PASSRIGHTS as it
+	// was when they were made (TestAtk8PreconnectedListenerStdin).
+	if l, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || l != 0 {
+		return errors.New("a listening socket cannot be stdio")
+	}
 	// Its peer could send the command descriptors (SCM_RIGHTS): a file
 	// of an exec mount, mapped executable (TestAtk7StdinSocketPassesFDs).
 	// The socket refuses them from now on, and the run's seccomp filter

@@ -89,32 +89,11 @@ print(readall(s))
 // each merely holding idle connections), and another session's run could
 // open none. A session's runs now share one run's bound.
 func TestAttack2EgressNodeSlots(t *testing.T) {
-	n := newEgressNet(t)
-	n.serve(t)
-	h := openHome(t, "-")
-	h.t = t
-	hosts := h.write("config/hosts", egressHosts)
-	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1)) // the default, 256
-	h.write("config/policy.yaml", egressPolicy)
-	os.Chmod(h.path("workspace"), 0o777)
-	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
-	os.Chmod(h.path("run"), 0o755)
+	d := egressHomeUnbounded(t)
 	d.openFor("s", nobody, dmCtx)
 	d.openFor("victim", nobody, dmCtx)
-	hog := `
-import socket, sys
-cs = []
-for i in range(256):
-    try:
-        cs.append(socket.create_connection(("echo.test", 7000), timeout=5))
-    except Exception as e:
-        print("conn", i, type(e).__name__, flush=True)
-        break
-print("holding", len(cs), flush=True)
-sys.stdin.readline()
-`
 	for i := 0; i < 4; i++ {
-		_, line := egressLive(t, d, "s", hog)
+		_, line := egressLive(t, d, "s", egressHog)
 		t.Logf("session s, run %d: %s", i, line())
 	}
 	var st struct {

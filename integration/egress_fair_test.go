@@ -17,28 +17,8 @@ import (
 // holding fewer takes the oldest connection of the session holding the
 // most, which is cut and audited.
 func TestAttackEgressNodeFair(t *testing.T) {
-	n := newEgressNet(t)
-	n.serve(t)
-	h := openHome(t, "-")
-	h.t = t
-	hosts := h.write("config/hosts", egressHosts)
-	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1)) // the default, 256
-	h.write("config/policy.yaml", egressPolicy)
-	os.Chmod(h.path("workspace"), 0o777)
-	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
-	os.Chmod(h.path("run"), 0o755)
-	hog := `
-import socket, sys
-cs = []
-for i in range(256):
-    try:
-        cs.append(socket.create_connection(("echo.test", 7000), timeout=5))
-    except Exception as e:
-        print("conn", i, type(e).__name__, flush=True)
-        break
-print("holding", len(cs), flush=True)
-sys.stdin.readline()
-alive = 0
+	d := egressHomeUnbounded(t)
+	hog := egressHog + `alive = 0
 for c in cs:
     try:
         c.settimeout(5)
@@ -108,3 +88,35 @@ print("alive", alive, flush=True)
 		t.Errorf("no audited eviction:\n%s", d.log())
 	}
 }
+
+// egressHomeUnbounded starts the egress servers and a daemon whose runs
+// keep [sandbox] connections at its default (256), uid 65534 admitted.
+func egressHomeUnbounded(t *testing.T) *daemon {
+	t.Helper()
+	n := newEgressNet(t)
+	n.serve(t)
+	h := openHome(t, "-")
+	h.t = t
+	hosts := h.write("config/hosts", egressHosts)
+	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1)) // the default, 256
+	h.write("config/policy.yaml", egressPolicy)
+	os.Chmod(h.path("workspace"), 0o777)
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(h.path("run"), 0o755)
+	return d
+}
+
+// egressHog, in a run, holds 256 connections to echo.test until a line
+// comes on its stdin.
+const egressHog = `
+import socket, sys
+cs = []
+for i in range(256):
+    try:
+        cs.append(socket.create_connection(("echo.test", 7000), timeout=5))
+    except Exception as e:
+        print("conn", i, type(e).__name__, flush=True)
+        break
+print("holding", len(cs), flush=True)
+sys.stdin.readline()
+`

@@ -341,7 +341,7 @@ func TestKillEndsEveryProcess(t *testing.T) {
 }
 
 func TestForkBombBounded(t *testing.T) {
-	spec := testSpec(t, printNS+"echo ready; f(){ f | f & }; f; sleep 1000")
+	spec := testSpec(t, printNS+"echo ready; f(){ f | f & }; f; sleep 0.1; exit 3")
 	spec.Pids = 32
 	spec.Memory = 256 << 20
 	r, out, _ := start(t, spec, nil)
@@ -358,6 +358,7 @@ func TestForkBombBounded(t *testing.T) {
 		}
 		r.Kill()
 		r.Wait()
+		r.Gone()
 		if n := pidNSMembers(t, ns); n != 0 {
 			t.Errorf("%d processes left after Kill", n)
 		}
@@ -382,8 +383,12 @@ func TestForkBombBounded(t *testing.T) {
 	if n := pidNSMembers(t, ns); n > 32 {
 		t.Errorf("%d processes, limit 32", n)
 	}
+	// The shell may have ended on its own (its fork of sleep refused by the
+	// bound), so Wait may report its exit while the init is still tearing
+	// down; Gone waits for the init and the cgroups' removal.
 	r.Kill()
 	r.Wait()
+	r.Gone()
 	if n := pidNSMembers(t, ns); n != 0 {
 		t.Errorf("%d processes left after Kill", n)
 	}

@@ -341,7 +341,11 @@ func TestKillEndsEveryProcess(t *testing.T) {
 }
 
 func TestForkBombBounded(t *testing.T) {
-	spec := testSpec(t, printNS+"echo ready; f(){ f | f & }; f; sleep 0.1; exit 3")
+	// The shell execs its sleep: a fork of it would fail once the bomb holds
+	// the bound, ending the command early (CI saw both of the races this
+	// made: the command's exit reported before the kill, and the bomb
+	// reaped before it was counted).
+	spec := testSpec(t, printNS+"echo ready; f(){ f | f & }; f; exec sleep 1000")
 	spec.Pids = 32
 	spec.Memory = 256 << 20
 	r, out, _ := start(t, spec, nil)
@@ -383,9 +387,8 @@ func TestForkBombBounded(t *testing.T) {
 	if n := pidNSMembers(t, ns); n > 32 {
 		t.Errorf("%d processes, limit 32", n)
 	}
-	// The shell may have ended on its own (its fork of sleep refused by the
-	// bound), so Wait may report its exit while the init is still tearing
-	// down; Gone waits for the init and the cgroups' removal.
+	// Gone waits for the init and the cgroups' removal, which may follow
+	// Wait's report of the command's end.
 	r.Kill()
 	r.Wait()
 	r.Gone()

@@ -24,6 +24,7 @@ import (
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/egress"
 	"github.com/condfs/condfs/internal/stdiofd"
 	"github.com/condfs/condfs/sandbox"
 	"golang.org/x/sys/unix"
@@ -361,7 +362,11 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 		return nil, runError("cannot start the egress gateway: %v", err)
 	}
 	if gw != nil {
+		// A kept sandbox's next command may have other roles; nothing of
+		// the last one's is left open (endRun), and whatever is is
+		// decided again as this command's.
 		gw.SetDecider(d.connectDecider(s, roles))
+		gw.Recheck()
 	}
 	a := &activeRun{r: r, binaries: binaries, inRow: d.warm.inRow(&s.runs)}
 	// Every change of a run's allowlist is made under its session's
@@ -401,6 +406,13 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 // the view, holds them.
 func (d *Daemon) endRun(s *session, a *activeRun, spec sandbox.Spec, reusable bool) {
 	if a.inRow && reusable {
+		// The command's processes are gone; what they left queued must
+		// not go on flowing while the sandbox waits, unchecked by the
+		// switches and reloads that check the session's runs
+		// (TestAtk9EgressKeptRunCut).
+		if gw, ok := a.r.Net().(*egress.Gateway); ok {
+			gw.CutAll("cut: the run's command ended")
+		}
 		d.warm.keep(&s.runs, warmKey(spec, a.r.Indexed()), a.r)
 	} else {
 		a.r.Kill()

@@ -2,12 +2,15 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +24,7 @@ func TestNormalPath(t *testing.T) {
 		{"/a/./b/../c", "/a/c"},
 		{"/a/%2e%2E/b", "/b"},
 		{"/%7euser/%41", "/~user/A"},
-		{"/a;v=1/b", "/a;v=1/b"},
+		{"/a/b/", "/a/b/"},
 		{"/a/..", "/"},
 		{"/../../x", "/x"},
 		{"/p?q=%2e&x", "/p?q=%2e&x"},
@@ -36,7 +39,10 @@ func TestNormalPath(t *testing.T) {
 			t.Errorf("%q: got %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
-	for _, bad := range []string{"/pub/..%2Fprivate/x", "/a%5Cb", "/a%00", "/pub/..;/private", "/.;x/y", "/a/..%3Bx/b", "a/b", "/a%zz", "/a%4", "/a b", "/a\x00", "//evil/x", "/a/../..//evil", "/x#frag", "/é"} {
+	for _, bad := range []string{"/pub/..%2Fprivate/x", "/a%5Cb", "/a%00", "/pub/..;/private", "/.;x/y", "/a/..%3Bx/b", "a/b", "/a%zz", "/a%4", "/a b", "/a\x00", "//evil/x", "/a/../..//evil", "/x#frag", "/é",
+		// Path parameters and empty segments, which servers drop or merge
+		// (TestAtk9EgressParamSegment).
+		"/a;v=1/b", "/;x/private/s", "/;/private/s", "/private;x", "/a%3Bb", "/a//b", "/a/b//"} {
 		if got, err := normalPath(&http.Request{Method: "GET", RequestURI: bad}); err == nil {
 			t.Errorf("%q: got %q, want an error", bad, got)
 		}
@@ -283,5 +289,71 @@ func TestVerdictFailsClosed(t *testing.T) {
 	g.SetDecider(func(Request) Verdict { panic("boom") })
 	if v := g.verdict(Request{Host: "a.test"}); v.Allowed() || !strings.Contains(v.Reasons[0], "boom") {
 		t.Fatalf("a panicking decider: %+v", v)
+	}
+}
+
+// TestHandshakeRecords: a client hello is taken as the records that carry
+// it exactly, split however the program split it; a message that ends
+// inside a record, or records of another type, are refused.
+func TestHandshakeRecords(t *testing.T) {
+	a, b := net.Pipe()
+	go func() {
+		tlsClient(b, "api.test").Handshake()
+		b.Close()
+	}()
+	_, head, err := clientHello(a, bufio.NewReader(a))
+	a.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int(head[3])<<8 | int(head[4])
+	one := head[:recordHeader+n]
+	payload := one[recordHeader:]
+	record := func(typ byte, p []byte) []byte {
+		return append([]byte{typ, 3, 1, byte(len(p) >> 8), byte(len(p))}, p...)
+	}
+	// The same hello in three records, the first holding 2 bytes of its
+	// header.
+	split := append(append(record(recordHandshake, payload[:2]), record(recordHandshake, payload[2:100])...), record(recordHandshake, payload[100:])...)
+	for name, c := range map[string]struct {
+		in   []byte
+		want []byte
+	}{
+		"one record":    {append(slices.Clone(one), 0x17, 3, 3, 0, 1, 'x'), one},
+		"three records": {split, split},
+		"trailing":      {record(recordHandshake, append(slices.Clone(payload), 1, 0, 0, 0)), nil},
+		"alert":         {record(recordAlert, []byte{2, 40}), nil},
+		"cut short":     {one[:len(one)-1], nil},
+	} {
+		got, err := handshakeRecords(bufio.NewReader(bytes.NewReader(c.in)))
+		if c.want == nil && err == nil || c.want != nil && (err != nil || !bytes.Equal(got, c.want)) {
+			t.Errorf("%s: %d bytes, %v", name, len(got), err)
+		}
+	}
+}
+
+// TestServerRetries classifies a server's first record.
+func TestServerRetries(t *testing.T) {
+	hello := func(random []byte) []byte {
+		p := append([]byte{2, 0, 0, 70, 3, 3}, random...)
+		p = append(p, make([]byte, 70+4-len(p))...)
+		return append([]byte{recordHandshake, 3, 3, 0, byte(len(p))}, p...)
+	}
+	for name, c := range map[string]struct {
+		in      []byte
+		retry   bool
+		refused bool
+	}{
+		"server hello": {in: hello(make([]byte, 32))},
+		"retry":        {in: hello(helloRetryRandom), retry: true},
+		"alert":        {in: []byte{recordAlert, 3, 3, 0, 2, 2, 40}},
+		"short":        {in: []byte{recordHandshake, 3, 3, 0, 4, 2, 0, 0, 0}, refused: true},
+		"not a hello":  {in: append([]byte{recordHandshake, 3, 3, 0, 40, 11}, make([]byte, 39)...), refused: true},
+		"plain text":   {in: []byte("HTTP/1.1 400 Bad Request\r\n"), refused: true},
+	} {
+		err := serverRetries(bufio.NewReader(bytes.NewReader(c.in)))
+		if errors.Is(err, errRetry) != c.retry || (err != nil && !c.retry) != c.refused {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

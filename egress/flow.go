@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -37,7 +38,7 @@ type flow struct {
 	reset    bool // end with a reset: a refusal the program is not told of otherwise
 }
 
-// cut ends f at once: a reset to the run, the upstream closed.
+// cut ends f at once: a reset to the run and to the upstream.
 func (f *flow) cut() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -63,9 +64,16 @@ func (f *flow) endLocked(reset bool) {
 	} else {
 		f.client.Close()
 	}
-	if f.upstream != nil {
-		f.upstream.Close()
+	if f.upstream == nil {
+		return
 	}
+	if tc, ok := f.upstream.(*net.TCPConn); ok && reset {
+		// A reset upstream too: a graceful close would still send what
+		// the relay had queued in the socket, after the cut returned
+		// (TestAtk9EgressCutDrainsUpstream).
+		_ = tc.SetLinger(0)
+	}
+	f.upstream.Close()
 }
 
 // refuse marks f to end with a reset.
@@ -287,28 +295,39 @@ func clientHello(c net.Conn, br *bufio.Reader) (sni string, read []byte, err err
 	return hello.ServerName, rec.buf.Bytes(), nil
 }
 
-// tunnelTLS serves a TLS connection to host:port: the SNI must name host.
+// tunnelTLS serves a TLS connection to host:port: the SNI must name host,
+// in the client hello and in the second one a server may ask for.
 func (f *flow) tunnelTLS(br *bufio.Reader, host string, port int) {
 	r := Request{Host: host, Port: port, Protocol: "https"}
+	refuse := func(why string) {
+		f.refuse()
+		f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "deny", Reasons: []string{why}}})
+	}
 	sni, head, err := clientHello(f.client, br)
 	switch {
 	case err != nil:
-		f.refuse()
-		f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "deny", Reasons: []string{"no TLS client hello could be read: " + err.Error()}}})
+		refuse("no TLS client hello could be read: " + err.Error())
 		return
 	case sni == "" || canonicalHost(sni) != host:
-		f.refuse()
-		f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "deny",
-			Reasons: []string{"the client hello names " + strconv.Quote(sni) + ", not " + strconv.Quote(host)}}})
+		refuse("the client hello names " + strconv.Quote(sni) + ", not " + strconv.Quote(host))
 		return
 	}
-	f.tunnel(io.MultiReader(bytes.NewReader(head), br), r)
+	src := bufio.NewReader(io.MultiReader(bytes.NewReader(head), br))
+	hello, err := handshakeRecords(src)
+	if err != nil {
+		refuse("the client hello's records: " + err.Error())
+		return
+	}
+	f.tunnelWith(src, r, &helloGuard{f: f, r: r, hello: hello, src: src})
 }
 
 // tunnel decides r and, allowed, relays the connection's bytes both ways
 // (from src, which holds what was read already). A denial resets the run's
 // end.
-func (f *flow) tunnel(src io.Reader, r Request) {
+func (f *flow) tunnel(src io.Reader, r Request) { f.tunnelWith(src, r, nil) }
+
+// tunnelWith is tunnel; a TLS connection's relay begins under hg.
+func (f *flow) tunnelWith(src io.Reader, r Request, hg *helloGuard) {
 	v := f.g.decideFor(f, r)
 	if !v.Allowed() {
 		f.g.audit(Event{Request: r, Verdict: v})
@@ -324,7 +343,196 @@ func (f *flow) tunnel(src io.Reader, r Request) {
 	if !f.g.adopt(f, r, v, up, addr) {
 		return
 	}
-	relay(f.client, src, up, up, func() bool { return true }, nil)
+	if hg == nil {
+		relay(f.client, src, up, up, func() bool { return true }, nil)
+		return
+	}
+	hg.up, hg.verdict, hg.retry = up, v, make(chan error, 1)
+	upBr := bufio.NewReaderSize(up, maxRecord)
+	relay(f.client, src, up, upBr, hg.client, func() { hg.retry <- serverRetries(upBr) })
+}
+
+// A server asks for a second client hello with a HelloRetryRequest (TLS
+// 1.3): a server hello whose random is this constant (RFC 8446 4.1.3).
+// The second hello's SNI is the one the server serves, so it is checked as
+// the first was (TestAtk9EgressTLSRetrySNI).
+var helloRetryRandom = []byte{
+	0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65, 0xB8, 0x91,
+	0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2, 0xC8, 0xA8, 0x33, 0x9C,
+}
+
+// TLS record layer (RFC 8446 5.1).
+const (
+	recordHeader     = 5
+	maxRecord        = recordHeader + 16384 + 256
+	recordCCS        = 20
+	recordAlert      = 21
+	recordHandshake  = 22
+	maxHelloRecords  = 64 << 10 // a client hello's records, at most
+	serverHelloBytes = 4 + 2 + 32
+)
+
+// helloGuard holds a TLS connection's program side after its first
+// client hello until the server's first handshake message says whether a
+// second hello comes; that one, too, must name the decided host.
+type helloGuard struct {
+	f       *flow
+	r       Request
+	verdict Verdict
+	hello   []byte // the first client hello's records, exactly
+	src     *bufio.Reader
+	up      net.Conn
+	retry   chan error // the server's first message: errRetry, nil (none), or why it could not be read
+}
+
+var errRetry = errors.New("hello retry request")
+
+// client is the relay's gate for the program's bytes: it sends the first
+// hello, and the second when the server asks for one and it names the
+// host; false when the connection was cut.
+func (hg *helloGuard) client() bool {
+	if _, err := hg.up.Write(hg.hello); err != nil {
+		return false
+	}
+	err := <-hg.retry
+	switch {
+	case err == nil:
+		return true
+	case !errors.Is(err, errRetry):
+		hg.cut("cut: the server's first TLS record could not be read as an alert or a server hello: " + err.Error())
+		return false
+	}
+	_ = hg.f.client.SetReadDeadline(time.Now().Add(headWait))
+	defer hg.f.client.SetReadDeadline(time.Time{})
+	for {
+		h, err := hg.src.Peek(recordHeader)
+		if err != nil {
+			hg.cut("cut: no second client hello after the server's retry request: " + err.Error())
+			return false
+		}
+		switch h[0] {
+		case recordCCS: // middlebox compatibility (RFC 8446 D.4): one byte
+			var ccs [recordHeader + 1]byte
+			if h[3] != 0 || h[4] != 1 {
+				hg.cut("cut: a change cipher spec record that is not one byte")
+				return false
+			}
+			if _, err := io.ReadFull(hg.src, ccs[:]); err != nil {
+				return false
+			}
+			if _, err := hg.up.Write(ccs[:]); err != nil {
+				return false
+			}
+		case recordHandshake:
+			second, err := handshakeRecords(hg.src)
+			if err != nil {
+				hg.cut("cut: the second client hello's records: " + err.Error())
+				return false
+			}
+			sni, _, err := clientHello(readOnly{}, bufio.NewReader(bytes.NewReader(second)))
+			if err != nil || sni == "" || canonicalHost(sni) != hg.r.Host {
+				hg.cut("cut: the second client hello names " + strconv.Quote(sni) + ", not " + strconv.Quote(hg.r.Host))
+				return false
+			}
+			_, err = hg.up.Write(second)
+			return err == nil
+		default:
+			hg.cut(fmt.Sprintf("cut: a TLS record of type %d before the second client hello", h[0]))
+			return false
+		}
+	}
+}
+
+// cut cuts the connection, audited with why unless it was cut already (a
+// switch's cut also ends the reads the guard waits on).
+func (hg *helloGuard) cut(why string) {
+	hg.f.mu.Lock()
+	done := hg.f.cutDone
+	hg.f.mu.Unlock()
+	if !done {
+		hg.f.g.audit(Event{Request: hg.r, Verdict: hg.verdict, Addr: hg.f.dialled(), Refused: why})
+	}
+	hg.f.cut()
+}
+
+// serverRetries reads (without taking) the server's first TLS record: nil
+// for an alert or a server hello, errRetry for a HelloRetryRequest, and an
+// error for anything else (a server hello split across records included:
+// it cannot be classified, and servers do not split it).
+func serverRetries(br *bufio.Reader) error {
+	h, err := br.Peek(recordHeader)
+	if err != nil {
+		return err
+	}
+	n := int(h[3])<<8 | int(h[4])
+	switch {
+	case h[0] == recordAlert:
+		return nil
+	case h[0] != recordHandshake:
+		return fmt.Errorf("a record of type %d", h[0])
+	case n < serverHelloBytes:
+		return fmt.Errorf("a handshake record of %d bytes", n)
+	}
+	b, err := br.Peek(recordHeader + serverHelloBytes)
+	if err != nil {
+		return err
+	}
+	if b[recordHeader] != 2 {
+		return fmt.Errorf("a handshake message of type %d", b[recordHeader])
+	}
+	if bytes.Equal(b[recordHeader+6:recordHeader+serverHelloBytes], helloRetryRandom) {
+		return errRetry
+	}
+	return nil
+}
+
+// handshakeRecords reads the handshake records that carry one whole
+// handshake message (a client hello) and returns them as read; the message
+// must end where a record does.
+func handshakeRecords(br *bufio.Reader) ([]byte, error) {
+	var out []byte
+	need := -1 // the message's length with its 4-byte header, once known
+	got := 0
+	for need < 0 || got < need {
+		var h [recordHeader]byte
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			return nil, err
+		}
+		n := int(h[3])<<8 | int(h[4])
+		if h[0] != recordHandshake || n == 0 || n > 16384 || len(out)+recordHeader+n > maxHelloRecords {
+			return nil, fmt.Errorf("a record of type %d and %d bytes where a handshake message was", h[0], n)
+		}
+		rec := make([]byte, recordHeader+n)
+		copy(rec, h[:])
+		if _, err := io.ReadFull(br, rec[recordHeader:]); err != nil {
+			return nil, err
+		}
+		out = append(out, rec...)
+		if need < 0 {
+			// The message's header may itself be split; take its
+			// length once 4 bytes of payload are here.
+			payload := payloadOf(out)
+			if len(payload) >= 4 {
+				need = 4 + (int(payload[1])<<16 | int(payload[2])<<8 | int(payload[3]))
+			}
+		}
+		got += n
+	}
+	if got != need {
+		return nil, fmt.Errorf("the handshake message ends inside a record (%d of %d bytes)", need, got)
+	}
+	return out, nil
+}
+
+// payloadOf joins the payloads of the records in recs.
+func payloadOf(recs []byte) []byte {
+	var p []byte
+	for len(recs) >= recordHeader {
+		n := int(recs[3])<<8 | int(recs[4])
+		p = append(p, recs[recordHeader:recordHeader+n]...)
+		recs = recs[recordHeader+n:]
+	}
+	return p
 }
 
 // silent serves a connection whose program said nothing within sniffWait:

@@ -242,28 +242,48 @@ const stackStopWait = time.Second
 // and cuts those it refuses; it returns once they are cut. It returns how
 // many it cut.
 func (g *Gateway) Recheck() int {
+	return g.cutIf(func(f *flow, r *Request) (Verdict, string) {
+		if r == nil {
+			return Verdict{}, "" // not decided yet: it will be as the Decider decides now
+		}
+		v := g.verdict(*r)
+		switch a := f.dialled(); {
+		case !v.Allowed():
+			return v, "cut: the context or the policy changed"
+		case a.IsValid() && g.private(a) != "" && (g.cfg.Reach == nil || !g.cfg.Reach(a)):
+			return v, "cut: reach_private no longer lists " + a.String()
+		}
+		return v, ""
+	})
+}
+
+// CutAll cuts every open connection, audited with why (a kept sandbox's
+// command ended: its connections end with it, as when its sandbox goes),
+// and returns once they are cut.
+func (g *Gateway) CutAll(why string) int {
+	return g.cutIf(func(*flow, *Request) (Verdict, string) {
+		return Verdict{Decision: "deny", Reasons: []string{why}}, why
+	})
+}
+
+// cutIf cuts each open connection for which cut gives a reason, audited
+// with its verdict, and returns how many it cut.
+func (g *Gateway) cutIf(cut func(f *flow, r *Request) (Verdict, string)) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := 0
 	for f := range g.flows {
 		r := f.decided.Load()
-		if r == nil {
+		v, why := cut(f, r)
+		if why == "" {
 			continue
 		}
-		v := g.verdict(*r)
-		why := ""
-		switch a := f.dialled(); {
-		case !v.Allowed():
-			why = "cut: the context or the policy changed"
-		case a.IsValid() && g.private(a) != "" && (g.cfg.Reach == nil || !g.cfg.Reach(a)):
-			why = "cut: reach_private no longer lists " + a.String()
-		}
-		if why != "" {
+		if r != nil {
 			g.audit(Event{Request: *r, Verdict: v, Addr: f.dialled(), Refused: why})
-			f.cut()
-			delete(g.flows, f)
-			n++
 		}
+		f.cut()
+		delete(g.flows, f)
+		n++
 	}
 	return n
 }

@@ -482,12 +482,14 @@ func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duratio
 }
 
 // stdioOK refuses a descriptor that would hand the command more than a
-// stream of the caller's: only a regular file, a character device, a pipe
-// or a socket may be stdio, never a directory, an O_PATH descriptor or an
-// anonymous inode (a pidfd, an epoll or io_uring instance, an eventfd), and
-// never a connection to this daemon (a second connection to the control
-// socket passed as stdin gave the command the caller's whole control
-// authority: context.set from inside the run).
+// stream of the caller's: only a pipe, a terminal or /dev/null may be
+// stdio, never a directory, an O_PATH descriptor, an anonymous inode (a
+// pidfd, an epoll or io_uring instance, an eventfd), a regular file or
+// another device (the command could map it executable: condfs run passes a
+// pipe in its place), or a socket (a Unix socket carries descriptors both
+// ways, an unconnected one connects where it was made, and a connection to
+// this daemon passed as stdin gave the command the caller's whole control
+// authority: condfs run relays it through a pipe too).
 func stdioOK(f *os.File) error {
 	fd := int(f.Fd())
 	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
@@ -502,9 +504,11 @@ func stdioOK(f *os.File) error {
 		return err
 	}
 	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFREG, unix.S_IFCHR, unix.S_IFIFO, unix.S_IFSOCK:
+	case unix.S_IFREG, unix.S_IFCHR, unix.S_IFIFO:
 	case unix.S_IFDIR:
 		return errors.New("a directory cannot be stdio")
+	case unix.S_IFSOCK:
+		return errors.New("a socket cannot be stdio; pass it through a pipe")
 	default:
 		return fmt.Errorf("a descriptor of type %#o cannot be stdio", st.Mode&unix.S_IFMT)
 	}
@@ -521,44 +525,12 @@ func stdioOK(f *os.File) error {
 		// stdio, the command could execve it (fexecve).
 		return fmt.Errorf("%s (a file of no filesystem's tree) cannot be stdio", name)
 	}
-	if m, err := stdiofd.Mappable(fd); err != nil {
+	if r, err := stdiofd.Relayed(fd); err != nil {
 		return err
-	} else if m {
+	} else if r {
 		// The command could map it executable, or execute it, through
 		// its own mount (internal/stdiofd): condfs run passes a pipe.
 		return fmt.Errorf("%s (a regular file, or a device) cannot be stdio; pass it through a pipe", name)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil
-	}
-	// A socket whose peer cannot be told is refused like one whose peer
-	// is condfs.
-	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
-	if err != nil {
-		return fmt.Errorf("a socket of unknown domain: %w", err)
-	}
-	if dom != unix.AF_UNIX {
-		return nil
-	}
-	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
-	if err != nil {
-		return fmt.Errorf("a Unix socket whose peer is unknown: %w", err)
-	}
-	if int(cred.Pid) == os.Getpid() {
-		return errors.New("a connection to condfs itself cannot be stdio")
-	}
-	// A listening socket's queued connections took SO_PASSRIGHTS as it
-	// was when they were made (TestAtk8PreconnectedListenerStdin).
-	if l, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || l != 0 {
-		return errors.New("a listening socket cannot be stdio")
-	}
-	// Its peer could send the command descriptors (SCM_RIGHTS): a file
-	// of an exec mount, mapped executable (TestAtk7StdinSocketPassesFDs).
-	// The socket refuses them from now on, and the run's seccomp filter
-	// keeps the command from turning that back (kernels since 6.16; an
-	// older one lets them through: docs/sandbox.md).
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSRIGHTS, 0); err != nil && err != unix.ENOPROTOOPT {
-		return fmt.Errorf("a Unix socket that cannot refuse descriptors: %w", err)
 	}
 	return nil
 }

@@ -402,13 +402,14 @@ func startUnprivDaemon(t *testing.T, h *home) (string, func() string) {
 // review, now refused (125) with nothing run, as are a pidfd, an epoll
 // instance, a memfd (Landlock does not govern its mount: fexecve), a
 // regular file on a mount that allows execution and /dev/zero (the command
-// could map them executable: TestAtk6StdinExecMount), and a fourth
-// descriptor beside the three.
+// could map them executable: TestAtk6StdinExecMount), a socket (a Unix
+// one carries descriptors both ways, an unconnected one connects where it
+// was made: TestAtk9CStdin*), and a fourth descriptor beside the three.
 func TestAttackRunStdio(t *testing.T) {
 	d, _ := runHome(t)
 	d.setContext("s", guildCtx)
 	const script = `printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"context.set","params":{"session":"s","context":["discord:dm","discord:dm:7"]}}' >&0; sleep 0.3; echo ran > /workspace/ran; cat /memories/private/p.md`
-	for _, kind := range []string{"ctl", "pidfd", "epoll", "memfd", "execfile", "zero", "four"} {
+	for _, kind := range []string{"ctl", "pidfd", "epoll", "memfd", "execfile", "zero", "unix", "tcp", "four"} {
 		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", attackerBin, "runstdio", d.socket, "s", kind, script)
 		out, _ := cmd.CombinedOutput()
 		if !strings.Contains(string(out), `"code":-32010`) && !strings.Contains(string(out), "cannot be stdio") && !strings.Contains(string(out), "descriptors") {

@@ -178,7 +178,7 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 }
 
 // stdioRelay is the stdio sent with a run: ours, or in place of each of
-// ours that internal/stdiofd calls mappable, a pipe's end, the other end
+// ours that internal/stdiofd says is relayed, a pipe's end, the other end
 // copied to or from ours by a goroutine.
 type stdioRelay struct {
 	fds   [3]int
@@ -189,7 +189,7 @@ type stdioRelay struct {
 func relayStdio() (*stdioRelay, error) {
 	r := &stdioRelay{fds: [3]int{0, 1, 2}}
 	for i, ours := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
-		if m, err := stdiofd.Mappable(i); err != nil || !m {
+		if m, err := stdiofd.Relayed(i); err != nil || !m {
 			continue // the daemon says what is wrong with it
 		}
 		var p [2]int

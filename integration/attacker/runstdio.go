@@ -13,8 +13,8 @@ import (
 // runStdio sends the run method for `sh -c script` in session with its
 // stdio made of kind: "ctl" (stdin a second connection to the control
 // socket), "pidfd" (a pidfd of this process), "epoll", "memfd", "execfile"
-// (this program's file), "zero" (/dev/zero), or "four" (0, 1, 2 and 0
-// again). It prints the daemon's answer line.
+// (this program's file), "zero" (/dev/zero), "unix" (a socketpair's end),
+// "tcp" (an unconnected TCP socket), or "four" (0, 1, 2 and 0 again). It prints the daemon's answer line.
 func runStdio(sock, session, kind, script string) {
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -59,6 +59,22 @@ func runStdio(sock, session, kind, script string) {
 			name = "/dev/zero"
 		}
 		fd, err := unix.Open(name, unix.O_RDONLY, 0)
+		if report(err) {
+			return
+		}
+		fds[0] = fd
+	case "unix":
+		// A Unix socket carries descriptors both ways
+		// (TestAtk9CStdinBackChannel).
+		sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if report(err) {
+			return
+		}
+		fds[0] = sp[0]
+	case "tcp":
+		// An unconnected socket connects in this network namespace
+		// (TestAtk9CStdinInetSocket).
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
 		if report(err) {
 			return
 		}

@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestMappable(t *testing.T) {
+func TestRelayed(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "f")
 	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
@@ -32,12 +32,23 @@ func TestMappable(t *testing.T) {
 			fd, err := unix.Dup(int(r.Fd()))
 			return os.NewFile(uintptr(fd), "pipe"), err
 		}, false},
+		{"a Unix socket", func() (*os.File, error) {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(fds[1])
+			}
+			return os.NewFile(uintptr(fds[0]), "socket"), err
+		}, true},
+		{"a TCP socket", func() (*os.File, error) {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			return os.NewFile(uintptr(fd), "tcp"), err
+		}, true},
 	} {
 		f, err := c.open()
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		got, err := Mappable(int(f.Fd()))
+		got, err := Relayed(int(f.Fd()))
 		f.Close()
 		if err != nil || got != c.want {
 			t.Errorf("%s: Mappable %v, %v; want %v", c.name, got, err, c.want)
@@ -58,7 +69,7 @@ func TestMappable(t *testing.T) {
 	}
 	defer f.Close()
 	// Its mount's flags can change after the check: still mappable.
-	if got, err := Mappable(int(f.Fd())); err != nil || !got {
+	if got, err := Relayed(int(f.Fd())); err != nil || !got {
 		t.Errorf("a file on a noexec mount: Mappable %v, %v; want true", got, err)
 	}
 }

@@ -208,9 +208,10 @@ var argChecks = []struct {
 		f.cond(bpf.JumpBitsSet, unix.PROT_EXEC, toEPERM)
 		f.ret(retAllow)
 	}},
-	// setsockopt(fd, level, optname, ...): SO_PASSRIGHTS stays as the
-	// daemon set it on a stdio socket (off: no descriptor reaches the
-	// command through it). The kernel reads level and optname as ints.
+	// setsockopt(fd, level, optname, ...): no SO_PASSRIGHTS (no stdio is
+	// a socket now, so this only keeps the command from changing what a
+	// socket it holds accepts). The kernel reads level and optname as
+	// ints.
 	{[]uint32{unix.SYS_SETSOCKOPT}, func(f *filter) {
 		f.load(offArg1Low)
 		f.cond(bpf.JumpNotEqual, unix.SOL_SOCKET, toAllow)

@@ -181,6 +181,9 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Raised first: the views' open files and the runs' egress
+	// connections are bounded by the limit the daemon will have.
+	RaiseFileLimit()
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, audit: cfg.Audit,
 		conditions: newConditions(cfg.Conditions),
@@ -188,7 +191,7 @@ func New(cfg Config) (*Daemon, error) {
 		sessions:   map[string]*session{},
 		mounts:     map[string]string{},
 		warm:       newWarmPool(cfg.WarmRuns),
-		egressPool: egress.NewPool(nodeConnections),
+		egressPool: egress.NewPool(nodeConnections(fileLimit())),
 	}
 	d.conditions.replacing = func(old, cfg *acl.Config) {
 		d.replaced.Store(old)
@@ -270,13 +273,13 @@ func (d *Daemon) startParts(undo *[]func()) error {
 		d.stopMetrics = stop
 		*undo = append(*undo, func() { stop(); d.stopMetrics = nil })
 	}
-	host, err := fsys.NewHost(fsys.HostOptions{CacheTTL: cfg.CacheTTL, HubDir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver()})
+	host, err := fsys.NewHost(fsys.HostOptions{CacheTTL: cfg.CacheTTL, HubDir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver(),
+		ReservedFDs: d.egressPool.Max() * egressFDs})
 	if err != nil {
 		return err
 	}
 	d.host = host
 	*undo = append(*undo, func() { d.closeHost() })
-	RaiseFileLimit()
 	if n := FitThreadLimit(); n > 0 {
 		d.log.Info("thread limit fitted to the cgroup's pids limit", "max_threads", n)
 	}

@@ -21,12 +21,22 @@ import (
 )
 
 // nodeConnections bounds the egress connections of every run of the node
-// at once, shared fairly among the sessions (egress.Pool). A connection
-// whose program stops reading holds its windows and relay buffers in the
-// daemon (about 0.7 MB of its RSS measured, TestAttackEgressMemory), which
-// no run's memory limit counts: the node's total is bounded here (about
-// 700 MB at most).
-const nodeConnections = 1024
+// at once, shared fairly among the owners and sessions (egress.Pool): at
+// most 1024, and no more than an eighth of the daemon's descriptors hold
+// (egressFDs each: they are kept from the views' open files, fsys's
+// ReservedFDs). A connection whose program stops reading holds its windows
+// and relay buffers in the daemon (about 0.7 MB of its RSS measured,
+// TestAttackEgressMemory), which no run's memory limit counts: the node's
+// total is bounded here (about 700 MB at most). Four sessions holding 256
+// each ran a daemon with 2,048 descriptors out of them, and every session
+// with it (TestAtk9CEgressEatsReserve).
+func nodeConnections(fdLimit uint64) int {
+	return int(min(1024, fdLimit/8/egressFDs))
+}
+
+// egressFDs is what one egress connection may hold of the daemon's
+// descriptors: its two sockets, and a splice pipe each way.
+const egressFDs = 6
 
 // egressLink is the run's end of its gateway, as the sandbox builds it.
 func (d *Daemon) egressLink() *sandbox.Link {
@@ -103,7 +113,7 @@ func (d *Daemon) egressShare(s *session, n int) *egress.Share {
 	s.egressMu.Lock()
 	defer s.egressMu.Unlock()
 	if s.egress == nil {
-		s.egress = d.egressPool.Share(n)
+		s.egress = d.egressPool.Share(s.owner, n)
 	}
 	return s.egress
 }

@@ -45,6 +45,16 @@ func RaiseFileLimit() {
 	}
 }
 
+// fileLimit is the daemon's soft RLIMIT_NOFILE (1024 when it cannot be
+// read).
+func fileLimit() uint64 {
+	var r unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) != nil {
+		return 1024
+	}
+	return r.Cur
+}
+
 // nrOpen is fs.nr_open (the most any process may hold), capped at 2^20.
 func nrOpen() uint64 {
 	b, err := os.ReadFile("/proc/sys/fs/nr_open")

@@ -366,7 +366,7 @@ func (g *Gateway) admit(f *flow) (release func(), ok bool) {
 // evict cuts f, whose slot of the node's pool a session holding fewer
 // connections took.
 func (g *Gateway) evict(f *flow) {
-	e := Event{Addr: f.dialled(), Refused: "cut: the node's connections are all held, and this session holds the most"}
+	e := Event{Addr: f.dialled(), Refused: "cut: the node's connections are all held, and this session holds the most of its owner's, or its owner of the node's"}
 	if r := f.decided.Load(); r != nil {
 		e.Request, e.Verdict = *r, Verdict{Decision: "allow"}
 	}

@@ -5,27 +5,38 @@ import (
 	"sync"
 )
 
-// Pool bounds the open connections of every run of a node, shared among
-// its sessions max-min fairly. A bound that admits whoever comes first
-// lets a few sessions that hold idle connections leave every other
-// session none; here, while the pool is full, a new connection of a
-// session that holds fewer than the session holding the most (by two or
-// more) is admitted by cutting that session's oldest connection. So a
-// session can always reach its fair part of the node (the pool over the
-// sessions holding connections), whatever the others hold.
+// Pool bounds the open connections of every run of a node, shared
+// max-min fairly among the owners (uids) of the sessions, then among each
+// owner's sessions. A bound that admits whoever comes first lets a few
+// sessions that hold idle connections leave every other session none;
+// here, while the pool is full, a new connection of an owner that holds
+// fewer than the owner holding the most (by two or more) is admitted by
+// cutting the oldest connection of that owner's largest session, and one
+// of a session that holds fewer than its owner's largest (by two or more),
+// by cutting that session's oldest. So an owner can always reach its fair
+// part of the node, however many sessions another opens
+// (TestAtk9CEgressSybilSessions), and a session its fair part of its
+// owner's.
 type Pool struct {
-	mu      sync.Mutex
-	max     int
-	used    int
-	holders map[*Share]struct{} // the shares holding at least one
+	mu     sync.Mutex
+	max    int
+	used   int
+	owners map[uint32]*owner // the owners holding at least one
+}
+
+// owner is what one uid's sessions hold together.
+type owner struct {
+	held    int
+	holders map[*Share]struct{} // its shares holding at least one
 }
 
 // Share is one session's part of a Pool: the connections of all its runs
 // together, at most max of them.
 type Share struct {
-	p    *Pool
-	max  int
-	held list.List // of *hold, oldest first; guarded by p.mu
+	p     *Pool
+	owner uint32
+	max   int
+	held  list.List // of *hold, oldest first; guarded by p.mu
 }
 
 // hold is one admitted connection.
@@ -37,11 +48,12 @@ type hold struct {
 
 // NewPool makes a pool of max connections.
 func NewPool(max int) *Pool {
-	return &Pool{max: max, holders: map[*Share]struct{}{}}
+	return &Pool{max: max, owners: map[uint32]*owner{}}
 }
 
-// Share makes a session's part of p, bounded at max connections.
-func (p *Pool) Share(max int) *Share { return &Share{p: p, max: max} }
+// Share makes the part of p of a session of uid, bounded at max
+// connections.
+func (p *Pool) Share(uid uint32, max int) *Share { return &Share{p: p, owner: uid, max: max} }
 
 // InUse is how many connections p holds.
 func (p *Pool) InUse() int {
@@ -89,7 +101,13 @@ func (s *Share) take(evict func()) (release func(), ok bool) {
 	h := &hold{s: s, evict: evict}
 	h.el = s.held.PushBack(h)
 	p.used++
-	p.holders[s] = struct{}{}
+	o := p.owners[s.owner]
+	if o == nil {
+		o = &owner{holders: map[*Share]struct{}{}}
+		p.owners[s.owner] = o
+	}
+	o.held++
+	o.holders[s] = struct{}{}
 	p.mu.Unlock()
 	if victim != nil {
 		victim.evict()
@@ -103,21 +121,45 @@ func (s *Share) take(evict func()) (release func(), ok bool) {
 	}, true
 }
 
-// victimFor is the oldest connection of the share holding the most, if
-// that is at least two more than s holds (one more would only move the
-// imbalance to s); nil otherwise. The caller holds p.mu. At most max
-// shares hold connections, so the scan is bounded by the pool's size.
+// victimFor is the connection to cut for one more of s: the oldest of the
+// largest share of the owner holding the most, if that owner holds at least
+// two more than s's (one more would only move the imbalance); else the
+// oldest of the largest share of s's owner, if that one holds at least two
+// more than s; else nil. The caller holds p.mu. At most max owners and
+// shares hold connections, so the scans are bounded by the pool's size.
 func (p *Pool) victimFor(s *Share) *hold {
-	var most *Share
-	for o := range p.holders {
-		if most == nil || o.held.Len() > most.held.Len() {
-			most = o
+	mine := p.owners[s.owner]
+	ownHeld := 0
+	if mine != nil {
+		ownHeld = mine.held
+	}
+	var top *owner
+	for _, o := range p.owners {
+		if top == nil || o.held > top.held {
+			top = o
 		}
 	}
-	if most == nil || most.held.Len() < s.held.Len()+2 {
+	if top != nil && top != mine && top.held >= ownHeld+2 {
+		return largest(top).held.Front().Value.(*hold)
+	}
+	if mine == nil {
 		return nil
 	}
-	return most.held.Front().Value.(*hold)
+	if l := largest(mine); l.held.Len() >= s.held.Len()+2 {
+		return l.held.Front().Value.(*hold)
+	}
+	return nil
+}
+
+// largest is o's share holding the most.
+func largest(o *owner) *Share {
+	var most *Share
+	for sh := range o.holders {
+		if most == nil || sh.held.Len() > most.held.Len() {
+			most = sh
+		}
+	}
+	return most
 }
 
 // drop takes h out of p; the caller holds p.mu.
@@ -125,7 +167,12 @@ func (p *Pool) drop(h *hold) {
 	h.s.held.Remove(h.el)
 	h.el = nil
 	p.used--
+	o := p.owners[h.s.owner]
+	o.held--
 	if h.s.held.Len() == 0 {
-		delete(p.holders, h.s)
+		delete(o.holders, h.s)
+	}
+	if o.held == 0 {
+		delete(p.owners, h.s.owner)
 	}
 }

@@ -7,7 +7,7 @@ import "testing"
 // most, until it holds its fair part, and no further.
 func TestPoolFair(t *testing.T) {
 	p := NewPool(8)
-	hog, other, late := p.Share(8), p.Share(8), p.Share(8)
+	hog, other, late := p.Share(1, 8), p.Share(2, 8), p.Share(3, 8)
 	evicted := map[int]int{} // hog's connection number → times evicted
 	var hogRelease []func()
 	for i := range 6 {
@@ -56,7 +56,7 @@ func TestPoolFair(t *testing.T) {
 // with room in the pool, and a pool with room never evicts.
 func TestPoolShareBound(t *testing.T) {
 	p := NewPool(10)
-	s := p.Share(2)
+	s := p.Share(1, 2)
 	for i := range 2 {
 		if _, ok := s.take(func() { t.Error("evicted with room in the pool") }); !ok {
 			t.Fatalf("connection %d refused", i)
@@ -76,11 +76,56 @@ func TestPoolShareBound(t *testing.T) {
 // TestPoolNoThrash: two sessions one apart never take from each other.
 func TestPoolNoThrash(t *testing.T) {
 	p := NewPool(3)
-	a, b := p.Share(3), p.Share(3)
+	a, b := p.Share(1, 3), p.Share(2, 3)
 	a.take(func() { t.Error("a evicted") })
 	a.take(func() { t.Error("a evicted") })
 	b.take(func() { t.Error("b evicted") })
 	if _, ok := b.take(func() {}); ok {
 		t.Fatalf("b (1) took from a (2): held a %d, b %d", a.Held(), b.Held())
+	}
+}
+
+// TestPoolOwnersFair: an owner opening many sessions takes no more than
+// its fair part of the node from another owner's single session
+// (TestAtk9CEgressSybilSessions), and its own sessions share its part.
+func TestPoolOwnersFair(t *testing.T) {
+	p := NewPool(12)
+	victim := p.Share(1000, 12)
+	for i := range 6 {
+		if _, ok := victim.take(func() {}); !ok {
+			t.Fatalf("victim's connection %d refused in a pool with room", i)
+		}
+	}
+	var sybils []*Share
+	for range 8 {
+		s := p.Share(65534, 12)
+		sybils = append(sybils, s)
+		for range 12 {
+			s.take(func() {})
+		}
+	}
+	if victim.Held() != 6 || p.InUse() != 12 {
+		t.Fatalf("victim holds %d (want 6, its owner's half), in use %d", victim.Held(), p.InUse())
+	}
+	// Within the sybil owner's half, its sessions are one apart at most.
+	lo, hi := 12, 0
+	total := 0
+	for _, s := range sybils {
+		lo, hi = min(lo, s.Held()), max(hi, s.Held())
+		total += s.Held()
+	}
+	if total != 6 || hi-lo > 1 {
+		t.Fatalf("the sybil owner's sessions hold %d in all, between %d and %d each; want 6, one apart", total, lo, hi)
+	}
+	// A session of the same owner as another takes from its own owner's
+	// largest, not from the victim.
+	p2 := NewPool(4)
+	a, b, c := p2.Share(1, 4), p2.Share(1, 4), p2.Share(2, 4)
+	for range 3 {
+		a.take(func() {})
+	}
+	c.take(func() { t.Error("the other owner's connection cut") })
+	if _, ok := b.take(func() {}); !ok || a.Held() != 2 || b.Held() != 1 || c.Held() != 1 {
+		t.Fatalf("b admitted %v; held a %d, b %d, c %d; want 2, 1, 1", ok, a.Held(), b.Held(), c.Held())
 	}
 }

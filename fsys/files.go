@@ -20,10 +20,11 @@ import (
 // daemon's descriptors for everything else, the views' own FUSE
 // connections included (ENFILE beyond, as the system's limit answers).
 type fileBudget struct {
-	open    atomic.Int64 // descriptors open files hold, in every view
-	conns   atomic.Int64 // views with a FUSE connection of their own
-	limit   int64        // the daemon's RLIMIT_NOFILE when the host was made
-	perView int64
+	open     atomic.Int64 // descriptors open files hold, in every view
+	conns    atomic.Int64 // views with a FUSE connection of their own
+	limit    int64        // the daemon's RLIMIT_NOFILE when the host was made
+	reserved int64        // kept for other work (HostOptions.ReservedFDs)
+	perView  int64
 
 	mu      sync.Mutex
 	byOwner map[uint32]*atomic.Int64 // what each owner's views hold
@@ -37,13 +38,13 @@ const (
 	minReservedFDs   = 512
 )
 
-func newFileBudget() *fileBudget {
+func newFileBudget(reserved int64) *fileBudget {
 	limit := int64(1024)
 	var r unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &r) == nil && r.Cur < 1<<40 {
 		limit = int64(r.Cur)
 	}
-	return &fileBudget{limit: limit, perView: max(limit/16, 64), byOwner: map[uint32]*atomic.Int64{}}
+	return &fileBudget{limit: limit, reserved: reserved, perView: max(limit/16, 64), byOwner: map[uint32]*atomic.Int64{}}
 }
 
 // owner is the count of what uid's views hold (kept for the daemon's
@@ -61,7 +62,7 @@ func (b *fileBudget) owner(uid uint32) *atomic.Int64 {
 
 // room is how many descriptors open files may hold in all views now.
 func (b *fileBudget) room() int64 {
-	return b.limit - max(b.limit/8, minReservedFDs) - fdsPerConnection*b.conns.Load()
+	return b.limit - max(b.limit/8, minReservedFDs) - b.reserved - fdsPerConnection*b.conns.Load()
 }
 
 // takeFile takes a descriptor for an open file of v; giveFile gives it

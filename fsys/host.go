@@ -84,6 +84,10 @@ type HostOptions struct {
 	// Observe, if set, is told of every FUSE request when it ends, with
 	// go-fuse's name for its opcode (metrics).
 	Observe func(op string, start time.Time)
+	// ReservedFDs are descriptors the process keeps for other work (the
+	// runs' egress connections), beyond the reserve views' open files
+	// always leave (files.go).
+	ReservedFDs int
 }
 
 // NewHost starts what o asks for. Close it after every view it mounted.
@@ -94,7 +98,7 @@ func NewHost(o HostOptions) (*Host, error) {
 	h := &Host{
 		log: o.Logger, hooks: testHooks(), debug: o.Debug, observe: o.Observe, views: map[*View]struct{}{},
 		acting: make(chan struct{}, maxActing()), threads: threadSet{maxIdle: maxIdlePins()},
-		files: newFileBudget(),
+		files: newFileBudget(int64(o.ReservedFDs)),
 	}
 	if o.CacheTTL > DefaultAttrTimeout {
 		w, err := newWatcher(h, o.CacheTTL)

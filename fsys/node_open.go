@@ -195,17 +195,27 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return syscall.E
 // left open closes its number again when collected, by then maybe another
 // open's.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
-	h.node.view.handles.remove(h)
+	return h.node.view.acts(func() syscall.Errno { return h.release(ctx) })
+}
+
+// release gives back what h holds, once: at RELEASE, or when its view's
+// own connection ends, whose queued RELEASEs the kernel drops (a session
+// closed while its files were open kept its owner's count of open files
+// taken for good: TestAtk9CPerSessionReleaseLost).
+func (h *fileHandle) release(ctx context.Context) syscall.Errno {
+	h.fdMu.Lock()
+	defer h.fdMu.Unlock()
+	if h.released {
+		return 0
+	}
+	h.released = true
+	v := h.node.view
+	v.handles.remove(h)
 	if h.writable {
 		h.node.writers.Add(-1)
 	}
-	defer h.node.view.giveFile()
-	return h.node.view.acts(func() syscall.Errno {
-		h.fdMu.Lock()
-		defer h.fdMu.Unlock()
-		h.released = true
-		return h.lf.Release(ctx)
-	})
+	defer v.giveFile()
+	return h.lf.Release(ctx)
 }
 
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {

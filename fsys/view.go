@@ -49,6 +49,7 @@
 package fsys
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -728,8 +729,14 @@ func (v *View) Unmount() error {
 	return err
 }
 
+// closeBacking closes what the view holds of the backing trees once no
+// request can reach it (its connection ended, or the hub forgot its
+// root), open files the kernel sent no RELEASE for included.
 func (v *View) closeBacking() {
 	v.host.unregister(v)
+	for _, h := range v.handles.all() {
+		h.release(context.Background())
+	}
 	v.spaces.release()
 }
 

@@ -581,32 +581,7 @@ func atk9Rules(hosts string) string {
 	return strings.Replace(egressRules(hosts), `reach_private = ["10.231.0.0/24"]`, `reach_private = ["10.239.0.0/24"]`, 1)
 }
 
-func atk9Net(t *testing.T) *egressNet {
-	t.Helper()
-	n := &egressNet{ns: fmt.Sprintf("cfa9%d", os.Getpid()%100000)}
-	hostEnd, nsEnd := n.ns+"h", n.ns+"n"
-	exec.Command("ip", "link", "del", hostEnd).Run()
-	exec.Command("ip", "netns", "del", n.ns).Run()
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v\n%s", args, err, out)
-		}
-	}
-	sh("netns", "add", n.ns)
-	t.Cleanup(func() {
-		exec.Command("ip", "link", "del", hostEnd).Run()
-		exec.Command("ip", "netns", "del", n.ns).Run()
-	})
-	sh("link", "add", "name", hostEnd, "type", "veth", "peer", "name", nsEnd)
-	sh("link", "set", nsEnd, "netns", n.ns)
-	sh("addr", "add", "10.239.0.1/24", "dev", hostEnd)
-	sh("link", "set", hostEnd, "up")
-	sh("-n", n.ns, "addr", "add", atk9Srv+"/24", "dev", nsEnd)
-	sh("-n", n.ns, "link", "set", nsEnd, "up")
-	sh("-n", n.ns, "link", "set", "lo", "up")
-	return n
-}
+func atk9Net(t *testing.T) *egressNet { return newNetAt(t, "cfa9", "10.239.0") }
 
 // atk9HomeNet is egressHomeNet on atk9Net: egressPolicy, session s in a
 // DM, run by uid 65534.

@@ -33,12 +33,17 @@ type egressNet struct {
 
 const egressSrv = "10.231.0.2"
 
-func newEgressNet(t *testing.T) *egressNet {
+func newEgressNet(t *testing.T) *egressNet { return newNetAt(t, "cfeg", "10.231.0") }
+
+// newNetAt makes a network namespace named prefix and the pid, joined to
+// the host by a veth pair: the host's end subnet.1/24, the namespace's
+// subnet.2/24 (the servers' address).
+func newNetAt(t *testing.T, prefix, subnet string) *egressNet {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Fatalf("the egress tests need iproute2's ip: %v", err)
 	}
-	n := &egressNet{ns: fmt.Sprintf("cfeg%d", os.Getpid()%100000)}
+	n := &egressNet{ns: fmt.Sprintf("%s%d", prefix, os.Getpid()%100000)}
 	hostEnd, nsEnd := n.ns+"h", n.ns+"n"
 	sh := func(args ...string) {
 		t.Helper()
@@ -47,11 +52,11 @@ func newEgressNet(t *testing.T) *egressNet {
 		}
 	}
 	// A test process killed before its cleanup (a timeout) leaves its
-	// network, whose 10.231.0.1 then takes this one's traffic: every
+	// network, whose host end then takes this one's traffic: every
 	// egress test failed with "connection refused". Remove all of them.
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "cfeg") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], prefix) {
 				exec.Command("ip", "link", "del", f[0]+"h").Run()
 				exec.Command("ip", "netns", "del", f[0]).Run()
 			}
@@ -64,9 +69,9 @@ func newEgressNet(t *testing.T) *egressNet {
 	})
 	sh("link", "add", "name", hostEnd, "type", "veth", "peer", "name", nsEnd)
 	sh("link", "set", nsEnd, "netns", n.ns)
-	sh("addr", "add", "10.231.0.1/24", "dev", hostEnd)
+	sh("addr", "add", subnet+".1/24", "dev", hostEnd)
 	sh("link", "set", hostEnd, "up")
-	sh("-n", n.ns, "addr", "add", egressSrv+"/24", "dev", nsEnd)
+	sh("-n", n.ns, "addr", "add", subnet+".2/24", "dev", nsEnd)
 	sh("-n", n.ns, "link", "set", nsEnd, "up")
 	sh("-n", n.ns, "link", "set", "lo", "up")
 	return n

@@ -173,7 +173,7 @@ func atk7FDs(pid int) int {
 
 // atk7Daemon: a root daemon whose RLIMIT_NOFILE is 2048 (a view's share
 // 128, the room for all views about 1,500), 65534 admitted.
-func atk7Daemon(t *testing.T) *daemon {
+func atk7Daemon(t *testing.T, extra ...string) *daemon {
 	h := openHome(t, runRules)
 	h.t = t
 	h.write("config/policy.yaml", runPolicy)
@@ -184,9 +184,35 @@ func atk7Daemon(t *testing.T) *daemon {
 	}
 	os.MkdirAll(h.path("mnt"), 0o777)
 	d := startDaemonUnder(t, h, []string{"prlimit", "--nofile=2048:2048", "setpriv", "--bounding-set=-sys_resource", "--"},
-		"--allow-uid", "65534", "--allow-uid", "1000", "--socket-mode", "0666")
+		append([]string{"--allow-uid", "65534", "--allow-uid", "1000", "--socket-mode", "0666"}, extra...)...)
 	os.Chmod(filepath.Dir(d.socket), 0o755)
 	return d
+}
+
+// atk7CloseWhileHeld opens sessions of uid 65534 in turn, holds n files of
+// each through its mount, closes the session and then the files; then a
+// fresh session holds up to fresh files. It returns what the fresh one
+// held and how many descriptors the daemon holds more than at the start.
+func atk7CloseWhileHeld(t *testing.T, d *daemon, n, fresh int) (got string, leaked int) {
+	t.Helper()
+	pid := d.cmd.Process.Pid
+	base := atk7FDs(pid)
+	for i := 0; i < 16; i++ {
+		id := fmt.Sprintf("c%d", i)
+		mnt := d.openFor(id, nobody, dmCtx)
+		got, stop := atk7Holder(t, nobody, mnt+"/workspace/w.txt", n)
+		d.call("session.close", map[string]any{"id": id}, nil)
+		stop()
+		time.Sleep(300 * time.Millisecond)
+		t.Logf("cycle %d: %s; daemon fds %d (at start %d)", i, got, atk7FDs(pid), base)
+	}
+	time.Sleep(2 * time.Second)
+	leaked = atk7FDs(pid) - base
+	mnt := d.openFor("fresh", nobody, dmCtx)
+	got, stop := atk7Holder(t, nobody, mnt+"/workspace/w.txt", fresh)
+	stop()
+	t.Logf("fresh session: %s; daemon fds now %d (%d more than at start)", got, atk7FDs(pid), leaked)
+	return got, leaked
 }
 
 // TestAtk7ReleaseLostOnClose: a session closed while a local user holds
@@ -196,24 +222,7 @@ func atk7Daemon(t *testing.T) *daemon {
 // never closed). Repeated, the daemon's room for open files is gone for
 // good: every new view gets ENFILE.
 func TestAtk7ReleaseLostOnClose(t *testing.T) {
-	d := atk7Daemon(t)
-	pid := d.cmd.Process.Pid
-	base := atk7FDs(pid)
-	for i := 0; i < 16; i++ {
-		id := fmt.Sprintf("c%d", i)
-		mnt := d.openFor(id, nobody, dmCtx)
-		got, stop := atk7Holder(t, nobody, mnt+"/workspace/w.txt", 128)
-		d.call("session.close", map[string]any{"id": id}, nil)
-		stop()
-		time.Sleep(300 * time.Millisecond)
-		t.Logf("cycle %d: %s; daemon fds %d (at start %d)", i, got, atk7FDs(pid), base)
-	}
-	time.Sleep(2 * time.Second)
-	leaked := atk7FDs(pid) - base
-	mnt := d.openFor("victim", nobody, dmCtx)
-	got, stop := atk7Holder(t, nobody, mnt+"/workspace/w.txt", 1)
-	stop()
-	t.Logf("fresh session: %s; daemon fds now %d (%d more than at start)", got, atk7FDs(pid), leaked)
+	got, leaked := atk7CloseWhileHeld(t, atk7Daemon(t), 128, 1)
 	if got != "held 1 err none" {
 		t.Errorf("HOLE: after sessions were closed while files of their host mounts were open, a fresh session's first open fails (%s): the lost RELEASEs never gave their descriptors back (giveFile), %d daemon fds leaked", got, leaked)
 	} else if leaked > 64 {

@@ -225,6 +225,13 @@ func TestAtk8RunsEatReserve(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second)
 	t.Logf("daemon fds with the runs: %d", atk7FDs(pid))
+	atk8OthersServed(t, d, victim, "uid 65534 held its half of the files and started 120 runs")
+}
+
+// atk8OthersServed: while the attack holds, uid 1000's session (mounted at
+// victim) opens a file and root's control call is answered.
+func atk8OthersServed(t *testing.T, d *daemon, victim, attack string) {
+	t.Helper()
 	got, stop := atk7Holder(t, 1000, victim+"/workspace/w.txt", 1)
 	stop()
 	t.Logf("uid 1000's session: %s", got)
@@ -237,9 +244,9 @@ func TestAtk8RunsEatReserve(t *testing.T) {
 	}
 	t.Logf("root's status: %v", err)
 	if got != "held 1 err none" {
-		t.Errorf("HOLE: uid 65534 held its half of the files and started 120 runs: uid 1000's session cannot open a file (%s)", got)
+		t.Errorf("HOLE: %s: uid 1000's session cannot open a file (%s)", attack, got)
 	}
 	if err != nil {
-		t.Errorf("HOLE: uid 65534 held its half of the files and started 120 runs: root's control call fails: %v", err)
+		t.Errorf("HOLE: %s: root's control call fails: %v", attack, err)
 	}
 }

@@ -263,31 +263,8 @@ print(open("/memories/pub.md").read(), end="", flush=True)
 // give back what takeFile took, and what an owner holds is kept for the
 // daemon's life: repeated, the uid is at its bound for good.
 func TestAtk9CPerSessionReleaseLost(t *testing.T) {
-	h := openHome(t, runRules)
-	h.t = t
-	h.write("config/policy.yaml", runPolicy)
-	h.write("workspace/w.txt", "work\n")
-	os.Chmod(h.path("workspace"), 0o777)
-	os.MkdirAll(h.path("mnt"), 0o777)
-	d := startDaemonUnder(t, h, []string{"prlimit", "--nofile=2048:2048", "setpriv", "--bounding-set=-sys_resource", "--"},
-		"--allow-uid", "65534", "--socket-mode", "0666", "--connections=per-session")
-	pid := d.cmd.Process.Pid
-	base := atk7FDs(pid)
-	for i := 0; i < 16; i++ {
-		id := fmt.Sprintf("c%d", i)
-		mnt := d.openFor(id, nobody, dmCtx)
-		got, stop := atk7Holder(t, nobody, mnt+"/workspace/w.txt", 120)
-		d.call("session.close", map[string]any{"id": id}, nil)
-		stop()
-		time.Sleep(300 * time.Millisecond)
-		t.Logf("cycle %d: %s; daemon fds %d (at start %d)", i, got, atk7FDs(pid), base)
-	}
-	time.Sleep(2 * time.Second)
-	leaked := atk7FDs(pid) - base
-	mnt := d.openFor("fresh", nobody, dmCtx)
-	got, stop := atk7Holder(t, nobody, mnt+"/workspace/w.txt", 120)
-	stop()
-	t.Logf("fresh session of the same uid: %s; daemon fds now %d (%d more than at start)", got, atk7FDs(pid), leaked)
+	d := atk7Daemon(t, "--connections=per-session")
+	got, leaked := atk7CloseWhileHeld(t, d, 120, 120)
 	for _, l := range strings.Split(d.log(), "\n") {
 		if strings.Contains(l, "open files refused") || strings.Contains(l, "detached") {
 			t.Logf("log: %.300s", l)
@@ -449,23 +426,7 @@ func TestAtk9CEgressEatsReserve(t *testing.T) {
 		c.Close()
 	}
 	t.Logf("node connections %d; daemon fds %d (base %d)", st.Egress.Connections, atk7FDs(pid), base)
-	got, stop := atk7Holder(t, 1000, victim+"/workspace/w.txt", 1)
-	stop()
-	t.Logf("uid 1000's session: %s", got)
-	var err error
-	if c, derr := control.Dial(d.socket); derr != nil {
-		err = derr
-	} else {
-		err = c.Call("status", nil, nil)
-		c.Close()
-	}
-	t.Logf("root's status: %v", err)
-	if got != "held 1 err none" {
-		t.Errorf("HOLE: uid 65534's runs hold the node's egress connections: uid 1000's session cannot open a file (%s)", got)
-	}
-	if err != nil {
-		t.Errorf("HOLE: uid 65534's runs hold the node's egress connections: root's control call fails: %v", err)
-	}
+	atk8OthersServed(t, d, victim, "uid 65534's runs hold the node's egress connections")
 	t.Logf("the attack's checks are done at %s; cleanup follows", time.Now().Format(time.TimeOnly))
 	var emfile []string
 	for _, l := range strings.Split(d.log(), "\n") {

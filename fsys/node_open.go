@@ -153,24 +153,32 @@ func (h *fileHandle) Read(ctx context.Context, buf []byte, off int64) (res fuse.
 		return nil, syscall.EACCES
 	}
 	errno = h.node.view.acts(func() syscall.Errno {
-		h.fdMu.RLock()
-		defer h.fdMu.RUnlock()
-		if h.released {
-			return syscall.EBADF
-		}
-		for {
-			n, err := unix.Pread(h.fd, buf, off)
-			if err == unix.EINTR {
-				continue
+		return h.withFD(func(fd int) syscall.Errno {
+			for {
+				n, err := unix.Pread(fd, buf, off)
+				if err == unix.EINTR {
+					continue
+				}
+				if err != nil {
+					return errnoOf(err)
+				}
+				res = fuse.ReadResultData(buf[:n])
+				return 0
 			}
-			if err != nil {
-				return errnoOf(err)
-			}
-			res = fuse.ReadResultData(buf[:n])
-			return 0
-		}
+		})
 	})
 	return res, errno
+}
+
+// withFD runs f on h's fd unless h was released (EBADF): never on a number
+// closed since, maybe another open's by then.
+func (h *fileHandle) withFD(f func(fd int) syscall.Errno) syscall.Errno {
+	h.fdMu.RLock()
+	defer h.fdMu.RUnlock()
+	if h.released {
+		return syscall.EBADF
+	}
+	return f(h.fd)
 }
 
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (n uint32, errno syscall.Errno) {
@@ -227,7 +235,8 @@ func (h *fileHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Err
 		return syscall.EACCES
 	}
 	var st unix.Stat_t
-	if errno := h.node.view.acts(func() syscall.Errno { return errnoOf(unix.Fstat(h.fd, &st)) }); errno != 0 {
+	fstat := func(fd int) syscall.Errno { return errnoOf(unix.Fstat(fd, &st)) }
+	if errno := h.node.view.acts(func() syscall.Errno { return h.withFD(fstat) }); errno != 0 {
 		return errno
 	}
 	out.FromStat(toSyscall(&st))
@@ -256,12 +265,15 @@ func (h *fileHandle) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.
 		h.node.view.auditDeny(d.atoms, h.node.space, p, opMutate.String())
 		return syscall.EROFS
 	}
-	if errno := setattrFD(h.fd, in, false); errno != 0 {
-		return errno
-	}
 	var st unix.Stat_t
-	if err := unix.Fstat(h.fd, &st); err != nil {
-		return errnoOf(err)
+	errno = h.withFD(func(fd int) syscall.Errno {
+		if errno := setattrFD(fd, in, false); errno != 0 {
+			return errno
+		}
+		return errnoOf(unix.Fstat(fd, &st))
+	})
+	if errno != 0 {
+		return errno
 	}
 	out.FromStat(toSyscall(&st))
 	return 0

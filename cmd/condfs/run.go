@@ -152,12 +152,12 @@ func runRun(args []string, stdout, stderr io.Writer) error {
 	}
 	req, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "run", "params": params})
 	// Our stdio goes with the request: the command reads and writes it
-	// directly, except what it could map executable (a regular file on an
-	// exec mount, a device), which the daemon refuses: a pipe goes in its
-	// place, copied here.
-	relay, err := relayStdio()
+	// directly, except what the daemon refuses (a regular file or device
+	// it could map executable, a socket): a pipe goes in its place, copied
+	// here; never a connection to the daemon itself.
+	relay, err := relayStdio(c)
 	if err != nil {
-		return fail("a pipe for the command's stdio: %v", err)
+		return fail("the command's stdio: %v", err)
 	}
 	_, _, err = c.WriteMsgUnix(append(req, '\n'), unix.UnixRights(relay.fds[:]...), nil)
 	relay.sent()
@@ -186,11 +186,19 @@ type stdioRelay struct {
 	out   sync.WaitGroup
 }
 
-func relayStdio() (*stdioRelay, error) {
+func relayStdio(c *net.UnixConn) (*stdioRelay, error) {
 	r := &stdioRelay{fds: [3]int{0, 1, 2}}
+	daemon := peerPID(c)
 	for i, ours := range []*os.File{os.Stdin, os.Stdout, os.Stderr} {
 		if m, err := stdiofd.Relayed(i); err != nil || !m {
 			continue // the daemon says what is wrong with it
+		}
+		if toDaemon(i, daemon) {
+			// Relayed, the command's writes would be requests on the
+			// caller's own connection: context.set from inside the run
+			// (TestAtk10RelayedControlConnection).
+			r.sent()
+			return nil, fmt.Errorf("descriptor %d is a connection to condfs itself, which cannot be stdio", i)
 		}
 		var p [2]int
 		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
@@ -221,6 +229,26 @@ func relayStdio() (*stdioRelay, error) {
 		}()
 	}
 	return r, nil
+}
+
+// peerPID is the pid of c's peer, the daemon (0: not known, or not in our
+// PID namespace).
+func peerPID(c *net.UnixConn) int {
+	pid := 0
+	if rc, err := c.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				pid = int(cred.Pid)
+			}
+		})
+	}
+	return pid
+}
+
+// toDaemon reports whether fd is a Unix socket whose peer is process pid.
+func toDaemon(fd, pid int) bool {
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	return pid > 0 && err == nil && int(cred.Pid) == pid
 }
 
 // sent closes our copies of the pipe ends the daemon now holds.

@@ -357,3 +357,56 @@ func TestServerRetries(t *testing.T) {
 		}
 	}
 }
+
+// TestOneHostName: a client hello's server_name must be exactly one
+// host_name entry (Go's parser skips entries of other types).
+func TestOneHostName(t *testing.T) {
+	hello := func(list []byte) []byte {
+		ext := append([]byte{0, 0, byte(len(list) >> 8), byte(len(list))}, list...)
+		body := append([]byte{3, 3}, make([]byte, 32)...)
+		body = append(body, 0, 0, 2, 0x13, 0x01, 1, 0, byte(len(ext)>>8), byte(len(ext)))
+		body = append(body, ext...)
+		hs := append([]byte{1, byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}, body...)
+		return append([]byte{recordHandshake, 3, 1, byte(len(hs) >> 8), byte(len(hs))}, hs...)
+	}
+	entry := func(typ byte, name string) []byte {
+		return append([]byte{typ, byte(len(name) >> 8), byte(len(name))}, name...)
+	}
+	list := func(es ...[]byte) []byte {
+		var b []byte
+		for _, e := range es {
+			b = append(b, e...)
+		}
+		return append([]byte{byte(len(b) >> 8), byte(len(b))}, b...)
+	}
+	for name, c := range map[string]struct {
+		in []byte
+		ok bool
+	}{
+		"one host name":         {hello(list(entry(0, "api.test"))), true},
+		"two host names":        {hello(list(entry(0, "api.test"), entry(0, "other.test"))), false},
+		"another type first":    {hello(list(entry(1, "other.test"), entry(0, "api.test"))), false},
+		"another type only":     {hello(list(entry(1, "api.test"))), false},
+		"a list longer than it": {hello(append(list(entry(0, "api.test")), 0)), false},
+	} {
+		if err := oneHostName(c.in); (err == nil) != c.ok {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	// A hello as crypto/tls writes it.
+	a, b := net.Pipe()
+	go func() {
+		tlsClient(b, "api.test").Handshake()
+		b.Close()
+	}()
+	br := bufio.NewReader(a)
+	_, head, err := clientHello(a, br)
+	a.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := handshakeRecords(bufio.NewReader(bytes.NewReader(head)))
+	if err != nil || oneHostName(recs) != nil {
+		t.Fatalf("crypto/tls's hello: %v, %v", err, oneHostName(recs))
+	}
+}

@@ -314,6 +314,9 @@ func (f *flow) tunnelTLS(br *bufio.Reader, host string, port int) {
 	}
 	src := bufio.NewReader(io.MultiReader(bytes.NewReader(head), br))
 	hello, err := handshakeRecords(src)
+	if err == nil {
+		err = oneHostName(hello)
+	}
 	if err != nil {
 		refuse("the client hello's records: " + err.Error())
 		return
@@ -425,6 +428,9 @@ func (hg *helloGuard) client() bool {
 			}
 		case recordHandshake:
 			second, err := handshakeRecords(hg.src)
+			if err == nil {
+				err = oneHostName(second)
+			}
 			if err != nil {
 				hg.cut("cut: the second client hello's records: " + err.Error())
 				return false
@@ -522,6 +528,58 @@ func handshakeRecords(br *bufio.Reader) ([]byte, error) {
 		return nil, fmt.Errorf("the handshake message ends inside a record (%d of %d bytes)", need, got)
 	}
 	return out, nil
+}
+
+// oneHostName refuses a client hello (its records, as handshakeRecords
+// returns them) whose server_name extension is not exactly one host_name
+// entry: Go's parser, which names the host decided, takes the first
+// host_name entry and skips entries of other types, where a server's may
+// read another (OpenSSL and BoringSSL refuse such a list).
+func oneHostName(recs []byte) error {
+	p := payloadOf(recs)
+	// type, length, version, random; then the session id, the cipher
+	// suites and the compression methods, each behind its length.
+	off := 4 + 2 + 32
+	for _, width := range []int{1, 2, 1} {
+		n, ok := field(p, off, width)
+		if !ok {
+			return errors.New("a client hello cut short")
+		}
+		off += width + n
+	}
+	extLen, ok := field(p, off, 2)
+	if !ok || off+2+extLen > len(p) {
+		return nil // no extensions: no SNI, which the caller refuses
+	}
+	exts := p[off+2 : off+2+extLen]
+	for len(exts) >= 4 {
+		typ, n := int(exts[0])<<8|int(exts[1]), int(exts[2])<<8|int(exts[3])
+		if 4+n > len(exts) {
+			return errors.New("an extension cut short")
+		}
+		if typ == 0 {
+			list := exts[4 : 4+n]
+			// list length (2), then one entry: type 0, length (2), name.
+			if len(list) < 5 || int(list[0])<<8|int(list[1]) != len(list)-2 || list[2] != 0 ||
+				int(list[3])<<8|int(list[4]) != len(list)-5 {
+				return errors.New("the server_name extension is not exactly one host name")
+			}
+		}
+		exts = exts[4+n:]
+	}
+	return nil
+}
+
+// field reads the big-endian length of width bytes at off in p.
+func field(p []byte, off, width int) (int, bool) {
+	if off+width > len(p) {
+		return 0, false
+	}
+	n := 0
+	for _, b := range p[off : off+width] {
+		n = n<<8 | int(b)
+	}
+	return n, true
 }
 
 // payloadOf joins the payloads of the records in recs.

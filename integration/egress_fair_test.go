@@ -109,16 +109,18 @@ func egressHomeUnbounded(t *testing.T) *daemon {
 }
 
 // egressHog, in a run, holds 256 connections to echo.test until a line
-// comes on its stdin.
+// comes on its stdin. It reports on one line ("holding N", and the error
+// that stopped it): a reset seen while connecting (the pool's fair share
+// evicting this run's newest) must not shift what a test reads next.
 const egressHog = `
 import socket, sys
-cs = []
+cs, err = [], ""
 for i in range(256):
     try:
         cs.append(socket.create_connection(("echo.test", 7000), timeout=5))
     except Exception as e:
-        print("conn", i, type(e).__name__, flush=True)
+        err = " (conn %d: %s)" % (i, type(e).__name__)
         break
-print("holding", len(cs), flush=True)
+print("holding %d%s" % (len(cs), err), flush=True)
 sys.stdin.readline()
 `

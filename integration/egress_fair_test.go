@@ -18,23 +18,7 @@ import (
 // most, which is cut and audited.
 func TestAttackEgressNodeFair(t *testing.T) {
 	d := egressHomeUnbounded(t)
-	hog := egressHog + `alive = 0
-for c in cs:
-    try:
-        c.settimeout(5)
-        c.sendall(b"\x00")  # a control byte: classified "tcp" at once
-        got = b""
-        while not got.endswith(b"\x00"):  # the server's banner, then the echo
-            b = c.recv(64)
-            if not b:
-                break
-            got += b
-        if got == b"banner\n\x00":
-            alive += 1
-    except OSError:
-        pass
-print("alive", alive, flush=True)
-`
+	hog := egressHog + egressHogAlive
 	type run struct {
 		stdin io.Writer
 		line  func() string
@@ -92,8 +76,9 @@ print("alive", alive, flush=True)
 }
 
 // egressHomeUnbounded starts the egress servers and a daemon whose runs
-// keep [sandbox] connections at its default (256), uid 65534 admitted.
-func egressHomeUnbounded(t *testing.T) *daemon {
+// keep [sandbox] connections at its default (256), uid 65534 admitted,
+// with the daemon's flags args added.
+func egressHomeUnbounded(t *testing.T, args ...string) *daemon {
 	t.Helper()
 	n := newEgressNet(t)
 	n.serve(t)
@@ -103,7 +88,7 @@ func egressHomeUnbounded(t *testing.T) *daemon {
 	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1)) // the default, 256
 	h.write("config/policy.yaml", egressPolicy)
 	os.Chmod(h.path("workspace"), 0o777)
-	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	d := startDaemon(t, h, append([]string{"--allow-uid", "65534", "--socket-mode", "0666"}, args...)...)
 	os.Chmod(h.path("run"), 0o755)
 	return d
 }
@@ -123,4 +108,30 @@ for i in range(256):
         break
 print("holding %d%s" % (len(cs), err), flush=True)
 sys.stdin.readline()
+`
+
+// egressHogN is egressHog holding n connections.
+func egressHogN(n int) string {
+	return strings.Replace(egressHog, "range(256)", fmt.Sprintf("range(%d)", n), 1)
+}
+
+// egressHogAlive, after egressHog, counts the connections still served
+// when the line comes (each sends a control byte and reads the echo
+// server's banner and the byte back) and prints "alive N".
+const egressHogAlive = `alive = 0
+for c in cs:
+    try:
+        c.settimeout(5)
+        c.sendall(b"\x00")  # a control byte: classified "tcp" at once
+        got = b""
+        while not got.endswith(b"\x00"):  # the server's banner, then the echo
+            b = c.recv(64)
+            if not b:
+                break
+            got += b
+        if got == b"banner\n\x00":
+            alive += 1
+    except OSError:
+        pass
+print("alive", alive, flush=True)
 `

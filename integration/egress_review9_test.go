@@ -24,15 +24,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// atk9Hello builds TLS 1.3 client hellos by hand, so that a program can
-// send a first hello naming one host and, after the server's
-// HelloRetryRequest, a second one naming another.
+// atk9Hello builds TLS 1.3 client hellos by hand (hello: any server_name
+// extensions; ch: one host name), so that a program can send a first hello
+// naming one host and, after the server's HelloRetryRequest, a second one
+// naming another.
 const atk9Hello = `
 import socket, struct, os, sys
 def ext(t, body): return struct.pack(">HH", t, len(body)) + body
-def ch(sni, share, sid):
-    name = sni.encode()
-    e = ext(0, struct.pack(">HBH", len(name)+3, 0, len(name)) + name)
+def hello(snis, share, sid):
+    # snis: a list of server_name extensions, each a list of (type, name)
+    e = b""
+    for entries in snis:
+        lst = b"".join(struct.pack(">BH", t, len(n)) + n.encode() for t, n in entries)
+        e += ext(0, struct.pack(">H", len(lst)) + lst)
     e += ext(10, struct.pack(">HH", 2, 0x001d))
     e += ext(13, struct.pack(">HHHH", 6, 0x0403, 0x0804, 0x0401))
     e += ext(43, bytes([2]) + struct.pack(">H", 0x0304))
@@ -42,6 +46,8 @@ def ch(sni, share, sid):
     body = struct.pack(">H", 0x0303) + os.urandom(32) + bytes([32]) + sid + struct.pack(">HH", 2, 0x1301) + bytes([1, 0]) + struct.pack(">H", len(e)) + e
     hs = bytes([1]) + len(body).to_bytes(3, "big") + body
     return bytes([0x16, 3, 1]) + struct.pack(">H", len(hs)) + hs
+def ch(sni, share, sid):
+    return hello([[(0, sni)]], share, sid)
 def rec(s):
     h = b""
     while len(h) < 5:

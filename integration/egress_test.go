@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -275,7 +276,14 @@ const noCaps = "CapInh: 0000000000000000\nCapPrm: 0000000000000000\nCapEff: 0000
 // ("" at its end). The run is ended with the test.
 func egressLive(t *testing.T, d *daemon, session, code string) (io.WriteCloser, func() string) {
 	t.Helper()
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", session, "--",
+	return egressLiveAs(t, d, nobody, session, code)
+}
+
+// egressLiveAs is egressLive as uid.
+func egressLiveAs(t *testing.T, d *daemon, uid int, session, code string) (io.WriteCloser, func() string) {
+	t.Helper()
+	u := strconv.Itoa(uid)
+	cmd := exec.Command("setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", session, "--",
 		"python3", "-u", "-c", code)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

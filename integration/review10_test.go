@@ -21,26 +21,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// atk10Hello extends atk9Hello: client hellos with any server_name
-// extensions, records split, change cipher spec records, and one attempt
-// per connection, direct or through the gateway's proxy (CONNECT).
+// atk10Hello extends atk9Hello: records split, change cipher spec
+// records, and one attempt per connection, direct or through the gateway's
+// proxy (CONNECT).
 const atk10Hello = atk9Hello + `
 import time
-def hello(snis, share, sid):
-    # snis: a list of server_name extensions, each a list of (type, name)
-    e = b""
-    for entries in snis:
-        lst = b"".join(struct.pack(">BH", t, len(n)) + n.encode() for t, n in entries)
-        e += ext(0, struct.pack(">H", len(lst)) + lst)
-    e += ext(10, struct.pack(">HH", 2, 0x001d))
-    e += ext(13, struct.pack(">HHHH", 6, 0x0403, 0x0804, 0x0401))
-    e += ext(43, bytes([2]) + struct.pack(">H", 0x0304))
-    e += ext(45, bytes([1, 1]))
-    ks = b"" if share is None else struct.pack(">HH", 0x001d, 32) + share
-    e += ext(51, struct.pack(">H", len(ks)) + ks)
-    body = struct.pack(">H", 0x0303) + os.urandom(32) + bytes([32]) + sid + struct.pack(">HH", 2, 0x1301) + bytes([1, 0]) + struct.pack(">H", len(e)) + e
-    hs = bytes([1]) + len(body).to_bytes(3, "big") + body
-    return bytes([0x16, 3, 1]) + struct.pack(">H", len(hs)) + hs
 def split(r, k):
     body = r[5:]
     step = (len(body) + k - 1) // k

@@ -1,12 +1,10 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -277,26 +275,6 @@ func TestAtk9CPerSessionReleaseLost(t *testing.T) {
 	}
 }
 
-// atk9cEgressLive is egressLive as uid.
-func atk9cEgressLive(t *testing.T, d *daemon, uid int, session, code string) (io.WriteCloser, func() string) {
-	t.Helper()
-	u := strconv.Itoa(uid)
-	cmd := exec.Command("setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", session, "--",
-		"python3", "-u", "-c", code)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
-	rd := bufio.NewReader(stdout)
-	return stdin, func() string {
-		l, _ := rd.ReadString('\n')
-		return strings.TrimSpace(l)
-	}
-}
-
 // TestAtk9CEgressSybilSessions: the node's pool is fair among sessions, and
 // a uid may open as many sessions as it likes. uid 1000's one session holds
 // 160 connections (under its own bound of 256, under a sixth of the node);
@@ -305,43 +283,15 @@ func atk9cEgressLive(t *testing.T, d *daemon, uid int, session, code string) (io
 // about 1024/9: uid 1000's connections are cut though its uid holds far
 // less than half of the node.
 func TestAtk9CEgressSybilSessions(t *testing.T) {
-	n := newEgressNet(t)
-	n.serve(t)
-	h := openHome(t, "-")
-	h.t = t
-	hosts := h.write("config/hosts", egressHosts)
-	h.write("config/conditions.toml", strings.Replace(egressRules(hosts), "connections = 8\n", "", 1))
-	h.write("config/policy.yaml", egressPolicy)
-	os.Chmod(h.path("workspace"), 0o777)
-	d := startDaemon(t, h, "--allow-uid", "65534", "--allow-uid", "1000", "--socket-mode", "0666")
-	os.Chmod(h.path("run"), 0o755)
-	hog := func(n int) string {
-		return strings.Replace(egressHog, "range(256)", fmt.Sprintf("range(%d)", n), 1) + `alive = 0
-for c in cs:
-    try:
-        c.settimeout(5)
-        c.sendall(b"\x00")
-        got = b""
-        while not got.endswith(b"\x00"):
-            b = c.recv(64)
-            if not b:
-                break
-            got += b
-        if got == b"banner\n\x00":
-            alive += 1
-    except OSError:
-        pass
-print("alive", alive, flush=True)
-`
-	}
+	d := egressHomeUnbounded(t, "--allow-uid", "1000")
 	d.openFor("victim", 1000, dmCtx)
-	vin, vline := atk9cEgressLive(t, d, 1000, "victim", hog(160))
+	vin, vline := egressLiveAs(t, d, 1000, "victim", egressHogN(160)+egressHogAlive)
 	t.Logf("uid 1000's session: %s", vline())
 	var ins []io.WriteCloser
 	for i := range 8 {
 		id := fmt.Sprintf("sybil%d", i)
 		d.openFor(id, nobody, dmCtx)
-		in, line := atk9cEgressLive(t, d, nobody, id, hog(256))
+		in, line := egressLiveAs(t, d, nobody, id, egressHogN(256)+egressHogAlive)
 		t.Logf("65534's session %s: %s", id, line())
 		ins = append(ins, in)
 	}
@@ -393,7 +343,7 @@ func TestAtk9CEgressEatsReserve(t *testing.T) {
 	for i := range 4 {
 		id := fmt.Sprintf("hog%d", i)
 		d.openFor(id, nobody, dmCtx)
-		_, line := atk9cEgressLive(t, d, nobody, id, egressHog)
+		_, line := egressLiveAs(t, d, nobody, id, egressHog)
 		if i < 3 {
 			t.Logf("65534's session %s: %s; daemon fds %d (base %d)", id, line(), atk7FDs(pid), base)
 		}

@@ -12,11 +12,17 @@ import (
 )
 
 // Client is a control-socket client: one connection, calls in order.
+//
+// A call that fails on the connection (a write or read error, a deadline,
+// an answer that is not its own) breaks the client: its request may still
+// be answered later, and that answer must never be read as the next
+// call's (a decision for another tool call). Every later call fails.
 type Client struct {
-	mu   sync.Mutex
-	conn net.Conn
-	r    *bufio.Reader
-	next int
+	mu     sync.Mutex
+	conn   net.Conn
+	r      *bufio.Reader
+	next   int
+	broken error
 }
 
 // Dial connects to a daemon's socket.
@@ -48,36 +54,63 @@ func (c *Client) Close() error { return c.conn.Close() }
 func (c *Client) Call(method string, params, out any) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.broken != nil {
+		return fmt.Errorf("the connection to the daemon is unusable after an earlier failure: %w", c.broken)
+	}
 	c.next++
 	req := map[string]any{"jsonrpc": "2.0", "id": c.next, "method": method, "params": params}
 	b, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
-	_, werr := c.conn.Write(append(b, '\n'))
+	result, usable, err := c.exchange(append(b, '\n'), c.next)
+	if !usable {
+		c.broken = err
+		c.conn.Close()
+	}
+	if err != nil {
+		return err
+	}
+	if out != nil {
+		return json.Unmarshal(result, out)
+	}
+	return nil
+}
+
+// exchange writes one request line and reads the answer to id; usable
+// says whether the connection may carry another call.
+func (c *Client) exchange(req []byte, id int) (_ json.RawMessage, usable bool, _ error) {
+	_, werr := c.conn.Write(req)
 	// Even when the write fails, the daemon may have said why it closed
 	// the connection (a refused peer): read that first.
 	line, err := c.r.ReadBytes('\n')
 	if err != nil {
 		if werr != nil {
-			return werr
+			return nil, false, werr
 		}
-		return fmt.Errorf("read answer: %w", err)
+		return nil, false, fmt.Errorf("read answer: %w", err)
 	}
 	var resp struct {
+		ID     json.RawMessage `json:"id"`
 		Result json.RawMessage `json:"result"`
 		Error  *Error          `json:"error"`
 	}
 	if err := json.Unmarshal(line, &resp); err != nil {
-		return fmt.Errorf("bad answer %q: %w", line, err)
+		return nil, false, fmt.Errorf("bad answer %q: %w", line, err)
+	}
+	if resp.Error != nil && (resp.ID == nil || string(resp.ID) == "null") {
+		// The daemon's word on the connection (a refused peer, a line
+		// it could not read), not an answer: it is said, and the
+		// connection is done.
+		return nil, false, resp.Error
+	}
+	if string(resp.ID) != strconv.Itoa(id) {
+		return nil, false, fmt.Errorf("the daemon answered request %s, not request %d", resp.ID, id)
 	}
 	if resp.Error != nil {
-		return resp.Error
+		return nil, true, resp.Error
 	}
-	if out != nil {
-		return json.Unmarshal(resp.Result, out)
-	}
-	return nil
+	return resp.Result, true, nil
 }
 
 func lookupGroup(name string) (int, error) {

@@ -139,11 +139,16 @@ func (d *socketDecider) call(ctx context.Context, method string, params, out any
 		d.c.SetDeadline(deadline)
 		err := d.c.Call(method, params, out)
 		var ce *control.Error
-		if err == nil || errors.As(err, &ce) || attempt > 0 {
+		if err == nil || errors.As(err, &ce) {
 			return err
 		}
-		d.c.Close() // a broken connection: one more try on a new one
+		// A broken connection (or one whose answer is late: it must never
+		// be read as another call's) is dropped; one more try on a new one.
+		d.c.Close()
 		d.c = nil
+		if attempt > 0 {
+			return err
+		}
 	}
 }
 

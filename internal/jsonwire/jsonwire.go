@@ -67,6 +67,11 @@ type Rules struct {
 	// of the float64 nearest to it (so 0.1, 1.5e3 and 2^53 pass; 1e400,
 	// 0.1000000000000000055511151231257827 and 2^63 do not).
 	Agreed bool
+	// MaxValues, when positive, bounds the values of one text (every
+	// scalar, array and object counts one). A parsed value is held in
+	// about 40 times the bytes of a text of small values, so a reader of
+	// long lines bounds what one line can make it hold.
+	MaxValues int
 }
 
 // SyntaxError says what is wrong and at which byte.
@@ -82,7 +87,11 @@ var ErrDuplicateKey = errors.New("duplicate key")
 
 // Parse parses exactly one JSON value (JSON whitespace around it allowed).
 func Parse(data []byte, r Rules) (*Value, error) {
-	p := parser{data: data, rules: r}
+	return parse(data, r, true)
+}
+
+func parse(data []byte, r Rules, keep bool) (*Value, error) {
+	p := parser{data: data, rules: r, keep: keep}
 	p.space()
 	v, err := p.value(0)
 	if err != nil {
@@ -95,17 +104,23 @@ func Parse(data []byte, r Rules) (*Value, error) {
 	return v, nil
 }
 
-// Check reports whether data would parse, without keeping the value.
+// Check reports whether data would parse. It keeps no tree: what it
+// holds is bounded by the keys of the objects it is inside.
 func Check(data []byte, r Rules) error {
-	_, err := Parse(data, r)
+	_, err := parse(data, r, false)
 	return err
 }
 
 type parser struct {
-	data  []byte
-	i     int
-	rules Rules
+	data   []byte
+	i      int
+	rules  Rules
+	keep   bool // build the tree (Parse), or only check (Check)
+	values int
 }
+
+// checked stands for every value Check reads: nothing is kept.
+var checked = &Value{}
 
 func (p *parser) fail(format string, args ...any) error {
 	return &SyntaxError{Offset: p.i, Msg: fmt.Sprintf(format, args...)}
@@ -126,6 +141,22 @@ func (p *parser) value(depth int) (*Value, error) {
 	if p.i >= len(p.data) {
 		return nil, p.fail("unexpected end of input")
 	}
+	if p.values++; p.rules.MaxValues > 0 && p.values > p.rules.MaxValues {
+		return nil, p.fail("more than %d values", p.rules.MaxValues)
+	}
+	return p.scan(depth)
+}
+
+// mk returns a scalar read: a new Value, or nothing kept when checking.
+func (p *parser) mk(v Value) *Value {
+	if !p.keep {
+		return checked
+	}
+	return &v
+}
+
+// scan reads the value at p.i.
+func (p *parser) scan(depth int) (*Value, error) {
 	switch c := p.data[p.i]; {
 	case c == '{':
 		return p.object(depth + 1)
@@ -136,15 +167,15 @@ func (p *parser) value(depth int) (*Value, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Value{Kind: String, Str: s}, nil
+		return p.mk(Value{Kind: String, Str: s}), nil
 	case c == '-' || ('0' <= c && c <= '9'):
 		return p.number()
 	case p.word("true"):
-		return &Value{Kind: Bool, Bool: true}, nil
+		return p.mk(Value{Kind: Bool, Bool: true}), nil
 	case p.word("false"):
-		return &Value{Kind: Bool}, nil
+		return p.mk(Value{Kind: Bool}), nil
 	case p.word("null"):
-		return &Value{Kind: Null}, nil
+		return p.mk(Value{Kind: Null}), nil
 	default:
 		return nil, p.fail("unexpected character %q", rune(c))
 	}
@@ -163,7 +194,7 @@ func (p *parser) object(depth int) (*Value, error) {
 		return nil, p.fail("nested deeper than %d", MaxDepth)
 	}
 	p.i++ // {
-	v := &Value{Kind: Object, Members: []Member{}}
+	v := p.mk(Value{Kind: Object, Members: []Member{}})
 	var seen map[string]string // folded key -> key as written
 	p.space()
 	if p.i < len(p.data) && p.data[p.i] == '}' {
@@ -201,7 +232,9 @@ func (p *parser) object(depth int) (*Value, error) {
 		if err != nil {
 			return nil, err
 		}
-		v.Members = append(v.Members, Member{Key: k, Value: e})
+		if p.keep {
+			v.Members = append(v.Members, Member{Key: k, Value: e})
+		}
 		p.space()
 		if p.i >= len(p.data) {
 			return nil, p.fail("unexpected end of input in an object")
@@ -223,7 +256,7 @@ func (p *parser) array(depth int) (*Value, error) {
 		return nil, p.fail("nested deeper than %d", MaxDepth)
 	}
 	p.i++ // [
-	v := &Value{Kind: Array, Elems: []*Value{}}
+	v := p.mk(Value{Kind: Array, Elems: []*Value{}})
 	p.space()
 	if p.i < len(p.data) && p.data[p.i] == ']' {
 		p.i++
@@ -235,7 +268,9 @@ func (p *parser) array(depth int) (*Value, error) {
 		if err != nil {
 			return nil, err
 		}
-		v.Elems = append(v.Elems, e)
+		if p.keep {
+			v.Elems = append(v.Elems, e)
+		}
 		p.space()
 		if p.i >= len(p.data) {
 			return nil, p.fail("unexpected end of input in an array")
@@ -386,12 +421,15 @@ func (p *parser) number() (*Value, error) {
 			return nil, p.fail("invalid number: no digit in the exponent")
 		}
 	}
+	if !p.keep && !p.rules.Agreed {
+		return checked, nil
+	}
 	lit := string(p.data[start:p.i])
 	if p.rules.Agreed && !agreed(lit) {
 		p.i = start
 		return nil, p.fail("number %s is read differently by float64 readers", lit)
 	}
-	return &Value{Kind: Number, Str: lit}, nil
+	return p.mk(Value{Kind: Number, Str: lit}), nil
 }
 
 func (p *parser) digits() int {

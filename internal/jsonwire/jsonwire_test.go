@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math/big"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -183,3 +184,43 @@ func same(v *Value, x any) bool {
 		return true
 	}
 }
+
+// TestMaxValues: a parsed value is held in about 40 times the bytes of a
+// text of small values (the MCP gateway's 64 MiB line held 2.7 GiB; the
+// eleventh review). MaxValues bounds it, counting scalars and containers.
+func TestMaxValues(t *testing.T) {
+	line := zeros(1000) // 1001 values
+	if _, err := Parse(line, Rules{MaxValues: 1001}); err != nil {
+		t.Fatalf("1001 values under a bound of 1001: %v", err)
+	}
+	_, err := Parse(line, Rules{MaxValues: 1000})
+	if err == nil || !strings.Contains(err.Error(), "more than 1000 values") {
+		t.Fatalf("1001 values under a bound of 1000: %v", err)
+	}
+	if err := Check(line, Rules{MaxValues: 1000}); err == nil {
+		t.Fatal("Check took 1001 values under a bound of 1000")
+	}
+	if _, err := Parse([]byte(`{"a":{"b":[1,2]}}`), Rules{MaxValues: 4}); err == nil {
+		t.Error("5 values (two objects, an array, two numbers) under a bound of 4")
+	}
+}
+
+// TestCheckKeepsNothing: Check (the control socket's strict reading of
+// each request line) built the whole tree of a line it then dropped, so
+// each connection could make the daemon hold 40 times its line.
+func TestCheckKeepsNothing(t *testing.T) {
+	line := zeros(1 << 19) // 1 MiB
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if err := Check(line, Rules{}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(len(line)) {
+		t.Errorf("Check of a %d-byte line of small values allocated %d bytes", len(line), got)
+	}
+}
+
+// zeros is a JSON array of n zeros: the most values per byte.
+func zeros(n int) []byte { return []byte("[" + strings.Repeat("0,", n-1) + "0]") }

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,8 +66,13 @@ type Options struct {
 	DecideTimeout   time.Duration
 }
 
-// MaxMessage bounds one message (a line) in either direction.
-const MaxMessage = 64 << 20
+// MaxMessage bounds one message (a line) in either direction, and
+// MaxValues the JSON values in one: a parsed value is held in about 90
+// bytes, so a line of small values would hold 40 times its size.
+const (
+	MaxMessage = 64 << 20
+	MaxValues  = 1 << 21
+)
 
 type proxy struct {
 	opts   Options
@@ -83,9 +89,8 @@ type proxy struct {
 	// pending approvals asked by an input_required result (protocol
 	// 2026-07-28, multi round-trip): requestState token -> the call it
 	// was asked for, so that an answer approves exactly that call, once.
-	asked  map[string]askedCall
-	nextID int
-	calls  sync.WaitGroup
+	asked map[string]askedCall
+	calls sync.WaitGroup
 }
 
 type lockedWriter struct {
@@ -105,11 +110,11 @@ func (l *lockedWriter) line(b []byte) error {
 
 // wireRules: what the proxy reads from the client must mean one thing to
 // every reader, numbers included (a policy decides on them).
-var wireRules = jsonwire.Rules{Agreed: true}
+var wireRules = jsonwire.Rules{Agreed: true, MaxValues: MaxValues}
 
 // serverRules: nothing is decided on a server's numbers; they pass exactly
 // as written (re-encoded around them).
-var serverRules = jsonwire.Rules{}
+var serverRules = jsonwire.Rules{MaxValues: MaxValues}
 
 // envelope are the keys of a JSON-RPC message the proxy reads.
 var envelope = []string{"jsonrpc", "id", "method", "params", "result", "error"}
@@ -136,12 +141,13 @@ func readMessage(v *jsonwire.Value) (message, error) {
 		if id.Kind != jsonwire.String && id.Kind != jsonwire.Number && id.Kind != jsonwire.Null {
 			return message{}, fmt.Errorf("id must be a string or a number")
 		}
-		// Only integers in their plain form: servers read numeric ids as
-		// they like (the Go SDK answers 2.5 as 2), and an answer the
-		// proxy cannot match to its request (a tools/list) would pass
-		// unfiltered.
-		if id.Kind == jsonwire.Number && (strings.ContainsAny(id.Str, ".eE") || id.Str == "-0") {
-			return message{}, fmt.Errorf("id %s: a numeric id must be an integer", id.Str)
+		// Only integers in their plain form, each reader's alike: servers
+		// read numeric ids as they like (the Go SDK answers 2.5 as 2, and
+		// 10000000000000000000, as float64 then int64, as -2^63), and an
+		// answer the proxy cannot match to its request (a tools/list)
+		// would pass unfiltered.
+		if id.Kind == jsonwire.Number && !safeInteger(id.Str) {
+			return message{}, fmt.Errorf("id %s: a numeric id must be an integer of at most 2^53-1 in magnitude", id.Str)
 		}
 		m.id = id.Bytes()
 	}
@@ -153,6 +159,17 @@ func readMessage(v *jsonwire.Value) (message, error) {
 		m.method = s
 	}
 	return m, nil
+}
+
+// safeInteger reports whether a JSON number is an integer in plain form
+// (no fraction or exponent, not -0) that float64, int64 and JavaScript's
+// Number all read as the same value: |n| <= 2^53-1.
+func safeInteger(n string) bool {
+	if strings.ContainsAny(n, ".eE") || n == "-0" {
+		return false
+	}
+	v, err := strconv.ParseInt(n, 10, 64)
+	return err == nil && v >= -(1<<53-1) && v <= 1<<53-1
 }
 
 func (m *message) isRequest() bool  { return m.method != "" && m.id != nil && string(m.id) != "null" }
@@ -341,12 +358,11 @@ func (p *proxy) call(ctx context.Context, m message) {
 		p.deny(m.id, name, []string{"malformed tools/call: arguments must be an object"})
 		return
 	}
-	dctx, cancel := context.WithTimeout(ctx, p.opts.DecideTimeout)
-	decision, reasons, err := p.opts.Decider.Decide(dctx, name, args)
-	cancel()
-	if err != nil {
-		p.opts.Logger.Warn("no decision; denying", "tool", name, "err", err)
-		p.deny(m.id, name, []string{"the condfs daemon gave no decision: " + err.Error()})
+	decision, reasons := p.decide(ctx, name, args)
+	if decision == "approval_required" && len(args) > MaxApprovalArgs {
+		// The user must see all of what they approve; a padding
+		// argument first would push the rest out of any question.
+		p.deny(m.id, name, append(reasons, fmt.Sprintf("approval required, and the arguments (%d bytes) are too long to be shown for approval (at most %d): allow such calls by policy, with constraints", len(args), MaxApprovalArgs)))
 		return
 	}
 	switch decision {
@@ -384,6 +400,12 @@ func (p *proxy) call(ctx context.Context, m message) {
 			return
 		}
 		if elicit && p.approved(ctx, name, args, reasons) {
+			// The user answered a question about the call as decided
+			// then; a switch or reload while they did may have denied it.
+			if now, why := p.decide(ctx, name, args); now != "allow" && now != "approval_required" {
+				p.deny(m.id, name, why)
+				return
+			}
 			p.server.line(m.v.Bytes())
 			return
 		}
@@ -392,6 +414,23 @@ func (p *proxy) call(ctx context.Context, m message) {
 		p.deny(m.id, name, reasons)
 	}
 }
+
+// decide asks the decider about one call; no decision is a deny that
+// says why.
+func (p *proxy) decide(ctx context.Context, name string, args []byte) (string, []string) {
+	dctx, cancel := context.WithTimeout(ctx, p.opts.DecideTimeout)
+	decision, reasons, err := p.opts.Decider.Decide(dctx, name, args)
+	cancel()
+	if err != nil {
+		p.opts.Logger.Warn("no decision; denying", "tool", name, "err", err)
+		return "deny", []string{"the condfs daemon gave no decision: " + err.Error()}
+	}
+	return decision, reasons
+}
+
+// MaxApprovalArgs bounds the arguments of a call the user is asked to
+// approve: the question shows them whole, and a longer call is denied.
+const MaxApprovalArgs = 8 << 10
 
 // approvalKey names condfs's question among a call's input requests.
 const approvalKey = "condfs-approval"
@@ -425,7 +464,9 @@ func (p *proxy) multiRoundTrip() bool {
 
 // approvalQuestion is what the user is asked about a call.
 func approvalQuestion(name string, args []byte, reasons []string) map[string]any {
-	text := fmt.Sprintf("Allow the tool call %s(%s)?", name, summary(args))
+	// The arguments whole, as forwarded (compact JSON, every character
+	// outside printable ASCII escaped): nothing is cut or hidden.
+	text := fmt.Sprintf("Allow the tool call %s with the arguments %s?", name, args)
 	if len(reasons) > 0 {
 		text += " " + strings.Join(reasons, "; ")
 	}
@@ -490,9 +531,13 @@ func accepted(r *jsonwire.Value) bool {
 // approved asks the client's user with an elicitation/create request
 // (protocols before 2026-07-28).
 func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons []string) bool {
+	// An id no server can guess: a server's own request under the id of
+	// a pending question would have the user's answer to it approve the
+	// call (and such requests are dropped besides, see fromServer).
+	var tok [16]byte
+	rand.Read(tok[:])
+	id := fmt.Sprintf("%q", approvalIDPrefix+hex.EncodeToString(tok[:]))
 	p.mu.Lock()
-	p.nextID++
-	id := fmt.Sprintf("%q", fmt.Sprintf("condfs-approval-%d", p.nextID))
 	ch := make(chan *jsonwire.Value, 1)
 	p.approvals[id] = ch
 	p.mu.Unlock()
@@ -516,15 +561,6 @@ func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons 
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// summary shortens a call's arguments for a question to the user.
-func summary(args []byte) string {
-	s := string(args)
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
 }
 
 // deny answers a tools/call with a tool error that says why.
@@ -575,6 +611,10 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 		p.opts.Logger.Warn("server message dropped", "err", err)
 		return nil
 	}
+	if m.isRequest() && p.approvalID(m.id) {
+		p.opts.Logger.Warn("server request dropped: its id is in condfs's approval namespace", "id", string(m.id))
+		return nil
+	}
 	if m.isResponse() {
 		if id, _ := p.initID.Load().(string); id != "" && id == string(m.id) {
 			version, _ := v.Get("result").Get("protocolVersion").Text()
@@ -589,6 +629,23 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 		}
 	}
 	return p.client.line(v.Bytes())
+}
+
+// approvalIDPrefix begins the id of every question the proxy asks the
+// client (elicitation/create requests).
+const approvalIDPrefix = "condfs-approval-"
+
+// approvalID reports whether id (as re-encoded) is, or could be, one of
+// the proxy's questions: a string in its namespace, or one pending.
+func (p *proxy) approvalID(id []byte) bool {
+	var s string
+	if json.Unmarshal(id, &s) == nil && strings.HasPrefix(s, approvalIDPrefix) {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, pending := p.approvals[string(id)]
+	return pending
 }
 
 // filterList leaves out of a tools/list result the tools the roles can

@@ -102,7 +102,8 @@ func hookInput(stdin io.Reader) (tool string, input *jsonwire.Value, why string)
 	// reads the input with JSON.parse, which matches keys exactly and reads
 	// numbers as float64; encoding/json would fold "tool_namE" onto
 	// "tool_name" and decide a tool other than the one that runs.
-	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true})
+	// At most 2^20 values: parsed, a value is held in about 90 bytes.
+	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true, MaxValues: 1 << 20})
 	if err != nil {
 		return "", nil, fmt.Sprintf("malformed hook input: %v", err)
 	}

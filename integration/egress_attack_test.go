@@ -1,13 +1,11 @@
 package integration
 
 import (
-	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,17 +190,7 @@ func TestAttackEgressMemory(t *testing.T) {
 	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
 	os.Chmod(h.path("run"), 0o755)
 	d.openFor("s", nobody, dmCtx)
-	rss := func() int { // kB
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-				n, _ := strconv.Atoi(f[1])
-				return n
-			}
-		}
-		t.Fatal("no VmRSS")
-		return 0
-	}
+	rss := func() int { return procKB(t, d.cmd.Process.Pid, "VmRSS") }
 	before := rss()
 	stdin, line := egressLive(t, d, "s", `
 import socket, sys

@@ -84,3 +84,50 @@ func floodArgs() (string, int) {
 	}
 	return os.Args[2], n
 }
+
+// bigDecide sends, on each of n connections to the control socket at p,
+// rounds tool.decide requests of 1 MiB whose arguments are arrays of
+// 10,000 zeros (within the spec's array bound; the most values per byte),
+// all at once. It prints how many were answered and the first answer.
+func bigDecide(p string, n, rounds int) {
+	inner := "[" + strings.Repeat("0,", 9999) + "0]"
+	parts := make([]string, 0, 60)
+	for size := 0; size < 1<<20-len(inner)-200; size += len(inner) + 1 {
+		parts = append(parts, inner)
+	}
+	line := []byte(`{"jsonrpc":"2.0","id":1,"method":"tool.decide","params":{"tool":"t","args":{"a":[` + strings.Join(parts, ",") + `]}}}` + "\n")
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	answered, first := 0, ""
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.DialTimeout("unix", p, 2*time.Second)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			r := bufio.NewReader(c)
+			for range rounds {
+				c.SetDeadline(time.Now().Add(2 * time.Minute))
+				if _, err := c.Write(line); err != nil {
+					return
+				}
+				l, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				answered++
+				if first == "" {
+					first = strings.TrimSpace(l)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	b, _ := json.Marshal(map[string]any{"answered": answered, "first": first})
+	fmt.Println(string(b))
+}

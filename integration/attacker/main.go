@@ -104,6 +104,10 @@ func main() {
 		busy(p, th)
 	case "flood": // flood SOCKET N: open N control connections and hold them
 		flood(floodArgs())
+	case "bigdecide": // bigdecide SOCKET CONNS ROUNDS: 1 MiB tool.decide requests (flood.go)
+		n, _ := strconv.Atoi(os.Args[3])
+		rounds, _ := strconv.Atoi(os.Args[4])
+		bigDecide(os.Args[2], n, rounds)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown subcommand")
 		os.Exit(2)

@@ -58,8 +58,11 @@ type Config struct {
 	// bind mount of it. "" mounts a connection per session.
 	HubDir string
 	// MaxSessions bounds the open sessions; 0 derives it from the
-	// daemon's limits (DefaultMaxSessions).
-	MaxSessions int
+	// daemon's limits (DefaultMaxSessions). An eighth of them only root
+	// and the daemon's uid may open, and MaxSessionsPerUID (default
+	// MaxSessions/8) bounds the sessions each other uid has opened.
+	MaxSessions       int
+	MaxSessionsPerUID int
 	// WarmRuns bounds the sandboxes kept for sessions' next runs
 	// (warm.go); 0 builds each run's when it comes.
 	WarmRuns int
@@ -288,6 +291,9 @@ func (d *Daemon) startParts(undo *[]func()) error {
 	if d.cfg.MaxSessions <= 0 {
 		d.cfg.MaxSessions = DefaultMaxSessions(d.host.Shared())
 	}
+	if d.cfg.MaxSessionsPerUID <= 0 {
+		d.cfg.MaxSessionsPerUID = max(1, d.cfg.MaxSessions/8)
+	}
 	*undo = append(*undo, func() { d.closeSessions() })
 	if cfg.FirstMount != "" {
 		self := uint32(os.Geteuid())
@@ -390,9 +396,9 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 		d.mu.Unlock()
 		return nil, control.Errorf(control.CodeSessionExists, "session %q already has %s mounted", id, mount)
 	}
-	if len(d.sessions) >= d.cfg.MaxSessions {
+	if err := d.sessionRoom(r.peer); err != nil {
 		d.mu.Unlock()
-		return nil, control.Errorf(control.CodeBusy, "too many sessions: %d are open, the most this daemon serves (--max-sessions); close one first", len(d.sessions))
+		return nil, err
 	}
 	// Reserve the id and the mountpoint while mounting, outside the lock.
 	d.sessions[r.id] = &session{id: r.id, mount: mount, peer: r.peer, owner: r.owner, allowUIDs: r.allowUIDs}
@@ -450,6 +456,34 @@ func (d *Daemon) session(ctx context.Context, id string) (*session, *control.Err
 		return nil, control.Errorf(control.CodeNotOwner, "session %q belongs to another user", id)
 	}
 	return s, nil
+}
+
+// sessionRoom says whether peer may open one more session (d.mu held).
+// One uid opening sessions must not take the room of every other: as for
+// the socket's connections, an eighth is kept for root and the daemon's
+// uid, and each other uid holds at most MaxSessionsPerUID of those it
+// opened.
+func (d *Daemon) sessionRoom(peer uint32) *control.Error {
+	n, most := len(d.sessions), d.cfg.MaxSessions
+	if n >= most {
+		return control.Errorf(control.CodeBusy, "too many sessions: %d are open, the most this daemon serves (--max-sessions); close one first", n)
+	}
+	if privileged(peer) {
+		return nil
+	}
+	if n >= most-most/8 {
+		return control.Errorf(control.CodeBusy, "too many sessions: %d are open, and the rest of --max-sessions (%d) is kept for root and the daemon's uid; close one first", n, most)
+	}
+	mine := 0
+	for _, s := range d.sessions {
+		if s.peer == peer {
+			mine++
+		}
+	}
+	if mine >= d.cfg.MaxSessionsPerUID {
+		return control.Errorf(control.CodeBusy, "uid %d has opened %d sessions, the most one uid may (--max-sessions-per-uid); close one first", peer, mine)
+	}
+	return nil
 }
 
 func outcome(changed bool, err error) string {

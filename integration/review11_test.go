@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -54,4 +55,43 @@ func TestAtk11DecideMemory(t *testing.T) {
 	if after-before > 1<<20 {
 		t.Errorf("HOLE: one uid's 80 requests of 1 MiB took the daemon's peak memory from %d MB to %d MB", before>>10, after>>10)
 	}
+}
+
+// TestAtk11OneUidAllSessions: session.open was bounded by --max-sessions
+// alone, and any admitted uid may open sessions of its own: uid 65534
+// opened all of them, and every other user's session.open was refused
+// (-32013) until it closed some. Now each uid other than root and the
+// daemon's may have opened at most --max-sessions-per-uid (default an
+// eighth), and the last eighth is kept for root and the daemon's uid.
+func TestAtk11OneUidAllSessions(t *testing.T) {
+	h := openHome(t, "")
+	d := startDaemon(t, h, "--allow-uid", "65534", "--allow-uid", "1000", "--socket-mode", "0666", "--max-sessions", "16")
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	open := func(uid int, id string) (string, error) {
+		mnt := h.path("mnt/" + id)
+		os.MkdirAll(mnt, 0o755)
+		os.Chown(mnt, uid, uid)
+		u := strconv.Itoa(uid)
+		out, err := exec.Command("setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", condfsBin, "ctl", "--socket", d.socket,
+			"open", id, mnt, "--context", "discord:dm").CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	opened := 0
+	var refusal string
+	for i := range 16 {
+		out, err := open(nobody, fmt.Sprintf("a%d", i))
+		if err != nil {
+			refusal = out
+			break
+		}
+		opened++
+	}
+	t.Logf("uid 65534 opened %d of 16 sessions; then: %s", opened, refusal)
+	if opened != 2 || !strings.Contains(refusal, "--max-sessions-per-uid") {
+		t.Errorf("uid 65534 opened %d sessions of --max-sessions 16 (want 2, an eighth); then: %s", opened, refusal)
+	}
+	if out, err := open(1000, "victim"); err != nil {
+		t.Errorf("HOLE: after uid 65534 opened its sessions, uid 1000 cannot open one: %s", out)
+	}
+	d.open("root", dmCtx)
 }

@@ -49,7 +49,8 @@ unmount every view and remove the socket.`, stderr)
 	fs.StringVar(&f.hubDir, "hub-dir", "", "where the shared connection is mounted, a directory only root can enter (default: the socket's directory/hub)")
 	fs.StringVar(&f.egressCapture, "egress-capture", "", `how runs with network "policy" reach the egress gateway: "kernel" (nftables in the run's namespace), "netstack" (a veth pair and a user-space stack), or "" (the kernel's where it has nftables NAT)`)
 	fs.IntVar(&f.warmRuns, "warm-runs", 16, "sandboxes kept for the next condfs run of sessions that run commands in a row (each: an idle init, its cgroup, a clone of the view; 0: none)")
-	fs.IntVar(&f.maxSessions, "max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits)")
+	fs.IntVar(&f.maxSessions, "max-sessions", 0, "most sessions open at once; beyond it session.open is refused (default: derived from the file and thread limits); an eighth of them is kept for root and the daemon's uid")
+	fs.IntVar(&f.maxSessionsPerUID, "max-sessions-per-uid", 0, "most sessions one uid other than root and the daemon's may have opened at once (default: max-sessions/8)")
 	fs.DurationVar(&f.cacheTTL, "cache-ttl", time.Minute, "how long the kernel may cache entries and attributes no rule governs; inotify on the backing trees keeps them fresh (1s: everything cached for a second, no inotify; use it for backing trees on network filesystems)")
 	fs.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on a Unix socket path or a loopback address such as 127.0.0.1:9464 (default: off)")
 	fs.BoolVar(&f.allowHardlinks, "allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
@@ -70,33 +71,34 @@ unmount every view and remove the socket.`, stderr)
 
 // serveFlags are condfs serve's flags.
 type serveFlags struct {
-	root           string
-	conditions     string
-	policy         string
-	blocks         string
-	memories       string
-	workspace      string
-	socket         string
-	socketMode     string
-	socketGroup    string
-	allowUIDs      []uint
-	mount          string
-	atoms          []string
-	audit          string
-	logLevel       string
-	allowOther     bool
-	mountRoot      string
-	maxConns       int
-	maxConnsPerUID int
-	stateDir       string
-	connections    string
-	hubDir         string
-	warmRuns       int
-	egressCapture  string
-	maxSessions    int
-	cacheTTL       time.Duration
-	metricsAddr    string
-	allowHardlinks bool
+	root              string
+	conditions        string
+	policy            string
+	blocks            string
+	memories          string
+	workspace         string
+	socket            string
+	socketMode        string
+	socketGroup       string
+	allowUIDs         []uint
+	mount             string
+	atoms             []string
+	audit             string
+	logLevel          string
+	allowOther        bool
+	mountRoot         string
+	maxConns          int
+	maxConnsPerUID    int
+	stateDir          string
+	connections       string
+	hubDir            string
+	warmRuns          int
+	egressCapture     string
+	maxSessions       int
+	maxSessionsPerUID int
+	cacheTTL          time.Duration
+	metricsAddr       string
+	allowHardlinks    bool
 }
 
 // defaultConnections: a root daemon shares one FUSE connection among its
@@ -208,7 +210,7 @@ func (f *serveFlags) configure(fs *pflag.FlagSet, stderr io.Writer, level slog.L
 		Socket: f.socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
 		AllowOther: f.allowOther, AllowHardlinks: f.allowHardlinks,
 		MountRoot: f.mountRoot, MaxConns: f.maxConns, MaxConnsPerUID: f.maxConnsPerUID, StateDir: f.stateDir,
-		HubDir: f.hubDir, MaxSessions: f.maxSessions, WarmRuns: f.warmRuns, EgressCapture: f.egressCapture, Metrics: f.metricsAddr, CacheTTL: f.cacheTTL,
+		HubDir: f.hubDir, MaxSessions: f.maxSessions, MaxSessionsPerUID: f.maxSessionsPerUID, WarmRuns: f.warmRuns, EgressCapture: f.egressCapture, Metrics: f.metricsAddr, CacheTTL: f.cacheTTL,
 		Logger: logger, Audit: auditLog,
 	}
 	if first != nil {

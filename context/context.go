@@ -62,8 +62,17 @@ type Set struct {
 	atoms []string // sorted, unique
 }
 
+// MaxAtoms bounds the atoms of one context. A context names where a
+// session works (a DM, a channel of a guild, a forum thread): a handful of
+// atoms. Unbounded, a 1 MiB context.set kept about 40,000 atoms in the
+// session for as long as it lived.
+const MaxAtoms = 64
+
 // NewSet validates atoms and returns their set.
 func NewSet(atoms []string) (Set, error) {
+	if len(atoms) > MaxAtoms {
+		return Set{}, fmt.Errorf("a context has at most %d atoms; this one has %d", MaxAtoms, len(atoms))
+	}
 	out := make([]string, 0, len(atoms))
 	for _, a := range atoms {
 		if err := ValidateAtom(a); err != nil {

@@ -74,3 +74,25 @@ func TestConditions(t *testing.T) {
 		t.Error("mode xor accepted")
 	}
 }
+
+// TestMaxAtoms: a context of 1 MiB of atoms was kept whole by the session
+// it was set on; a context has at most MaxAtoms.
+func TestMaxAtoms(t *testing.T) {
+	atoms := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString("[")
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString(`"discord:channel:` + strings.Repeat("1", 1+i%18) + strings.Repeat("2", i/18) + `"`)
+		}
+		return []byte(b.String() + "]")
+	}
+	if s, err := Parse(atoms(MaxAtoms)); err != nil || s.Len() != MaxAtoms {
+		t.Fatalf("%d atoms: %v, %d kept", MaxAtoms, err, s.Len())
+	}
+	if _, err := Parse(atoms(MaxAtoms + 1)); err == nil || !strings.Contains(err.Error(), "at most 64 atoms") {
+		t.Fatalf("%d atoms: %v", MaxAtoms+1, err)
+	}
+}

@@ -425,6 +425,14 @@ func (p *parser) number() (*Value, error) {
 		return checked, nil
 	}
 	lit := string(p.data[start:p.i])
+	if p.rules.Agreed && len(lit) > maxAgreedLiteral {
+		// Comparing a long literal exactly costs time quadratic in its
+		// length (a million digits took a second); the shortest decimal
+		// of a float64 has at most 24 characters, and a longer literal
+		// can only agree with it by padding (1.5000..., 1000...).
+		p.i = start
+		return nil, p.fail("number literal of %d characters: at most %d where float64 readers must agree", len(lit), maxAgreedLiteral)
+	}
 	if p.rules.Agreed && !agreed(lit) {
 		p.i = start
 		return nil, p.fail("number %s is read differently by float64 readers", lit)
@@ -440,6 +448,9 @@ func (p *parser) digits() int {
 	}
 	return n
 }
+
+// maxAgreedLiteral bounds a number's literal under Agreed.
+const maxAgreedLiteral = 100
 
 // agreed reports whether the literal's exact value is the shortest decimal
 // of its float64: then exact readers and float64 readers read one value.

@@ -51,6 +51,15 @@ func TestDuplicateIsErrDuplicateKey(t *testing.T) {
 }
 
 func TestNumbers(t *testing.T) {
+	long := map[string]bool{ // at most 100 characters under Agreed
+		"1." + strings.Repeat("0", 98): true, "1." + strings.Repeat("0", 99): false,
+		"1" + strings.Repeat("0", 300): false, "1." + strings.Repeat("0", 1<<20): false,
+	}
+	for lit, want := range long {
+		if _, err := Parse([]byte(lit), Rules{Agreed: true}); (err == nil) != want {
+			t.Errorf("a literal of %d characters: err = %v, want accepted %v", len(lit), err, want)
+		}
+	}
 	for lit, want := range map[string]bool{
 		"0": true, "-0": true, "1": true, "-17": true, "0.1": true, "1.5e3": true, "1E2": true, "1.0": true,
 		"9007199254740992": true, "100000000000000000000": true, "1e+21": true, "5e-324": true,

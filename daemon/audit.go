@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
@@ -99,6 +101,36 @@ func counts(attrs []any, suppressed, unlisted int) []any {
 		attrs = append(attrs, "unlisted", unlisted)
 	}
 	return attrs
+}
+
+// Audit records hold what a caller named, clipped: a tool.decide of a
+// tool name and 15 roles of 60,000 characters each (within the request's
+// bounds) wrote a record of about 1 MB, every time. Each string a caller
+// chose is kept to its first auditClip bytes and its length.
+const auditClip = 1024
+
+// clip shortens s for an audit record.
+func clip(s string) string {
+	if len(s) <= auditClip {
+		return s
+	}
+	cut := auditClip
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes in all)", s[:cut], len(s))
+}
+
+// clipAll clips each string of ss (a new slice; nil stays nil).
+func clipAll(ss []string) []string {
+	if ss == nil {
+		return nil
+	}
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = clip(s)
+	}
+	return out
 }
 
 // auditPath records a denied path, rate-limited per session and path.

@@ -847,7 +847,15 @@ func (d *Daemon) mToolsCallable(_ context.Context, params json.RawMessage) (any,
 	return map[string]any{"callable": callable}, nil
 }
 
-func (d *Daemon) mConfigReload(_ context.Context, _ json.RawMessage) (any, *control.Error) {
+// mConfigReload: a forced reload drops every view's kernel caches and
+// re-applies every session's runs' binaries, so it is for root and the
+// daemon's uid, whose config it is (one admitted uid looping it made
+// another's walk of its own tree 245 times slower). Changed files are
+// reloaded by the watch without anyone asking.
+func (d *Daemon) mConfigReload(ctx context.Context, _ json.RawMessage) (any, *control.Error) {
+	if peer, known := control.PeerUID(ctx); known && !privileged(peer) {
+		return nil, control.Errorf(control.CodeForbidden, "config.reload is for root and the daemon's uid; the daemon reloads changed config files by itself")
+	}
 	return d.Reload(true), nil
 }
 
@@ -934,7 +942,12 @@ func (d *Daemon) decide(ctx context.Context, params json.RawMessage) (any, *cont
 	if req.Atoms != nil {
 		atoms = req.Atoms.Atoms()
 	}
-	d.audit.Info("decide", "kind", "tool", "session", sessionID, "atoms", atoms, "tool", req.Tool, "roles", req.Roles,
-		"decision", dec.Decision.String(), "role", dec.Role, "reasons", dec.Reasons)
+	var decidingRole *string
+	if dec.Role != nil {
+		r := clip(*dec.Role)
+		decidingRole = &r
+	}
+	d.audit.Info("decide", "kind", "tool", "session", sessionID, "atoms", atoms, "tool", clip(req.Tool), "roles", clipAll(req.Roles),
+		"decision", dec.Decision.String(), "role", decidingRole, "reasons", clipAll(dec.Reasons))
 	return dec, nil
 }

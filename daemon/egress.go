@@ -158,12 +158,12 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 	attrs := []any{"kind", "connect", "session", s.id, "atoms", s.view.Context().Atoms(),
 		"host", e.Host, "port", e.Port, "protocol", e.Protocol}
 	if e.Protocol == "http" {
-		attrs = append(attrs, "method", e.Method, "path", e.Path)
+		attrs = append(attrs, "method", clip(e.Method), "path", clip(e.Path))
 	}
 	if e.Addr.IsValid() {
 		attrs = append(attrs, "addr", e.Addr.String())
 	}
-	attrs = append(attrs, "decision", e.Decision, "reasons", nonNil(e.Reasons))
+	attrs = append(attrs, "decision", e.Decision, "reasons", nonNil(clipAll(e.Reasons)))
 	if e.Refused != "" {
 		attrs = append(attrs, "refused", e.Refused)
 	}

@@ -239,7 +239,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		reason := a.reason
 		a.mu.Unlock()
 		code, msg := exitOf(exit.Code, reason)
-		d.audit.Info("run", "kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", p.Argv, "cwd", cwd,
+		d.audit.Info("run", "kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", clipAll(p.Argv), "cwd", cwd,
 			"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds())
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
 		stopReader()

@@ -22,8 +22,11 @@ type backing struct {
 	dev  uint64
 	root unix.Stat_t
 	key  backingKey
-	set  *backingSet // the host's set it is shared in
-	refs int         // views using it; guarded by set.mu
+	// local: a filesystem whose attributes the kernel always has current
+	// (statName answers from one statx); others are asked again.
+	local bool
+	set   *backingSet // the host's set it is shared in
+	refs  int         // views using it; guarded by set.mu
 }
 
 // backingKey names a directory as the kernel does: the same inode through
@@ -46,6 +49,10 @@ func openBacking(dir string) (*backing, error) {
 	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx) == nil && stx.Mask&unix.STATX_MNT_ID != 0 {
 		b.key.mnt = stx.Mnt_id
 	}
+	var sfs unix.Statfs_t
+	if unix.Fstatfs(fd, &sfs) == nil {
+		b.local = localFS[int64(sfs.Type)]
+	}
 	real, err := os.Readlink(procPath(fd))
 	if err != nil {
 		unix.Close(fd)
@@ -53,6 +60,47 @@ func openBacking(dir string) (*backing, error) {
 	}
 	b.real = real
 	return b, nil
+}
+
+// localFS are the filesystems whose statx with AT_STATX_DONT_SYNC gives
+// the same attributes as one without: they have no server to ask.
+var localFS = map[int64]bool{
+	unix.EXT4_SUPER_MAGIC: true, unix.XFS_SUPER_MAGIC: true, unix.BTRFS_SUPER_MAGIC: true,
+	unix.TMPFS_MAGIC: true, unix.F2FS_SUPER_MAGIC: true, unix.OVERLAYFS_SUPER_MAGIC: true,
+	0x2fc12fc1: true, // zfs
+	0xca451a4e: true, // bcachefs
+}
+
+// statName stats name beneath dirfd, a directory of b, never asking
+// another filesystem mounted on it: any user may mount a FUSE filesystem on
+// a directory of its own (fusermount3 is setuid), and a stat of a
+// mountpoint is answered by the mounted filesystem's server; one that
+// never answered held a daemon thread, its view's listing and every reload
+// after it forever (the eleventh review). AT_STATX_DONT_SYNC answers from
+// what the kernel has, the mount id tells a mountpoint (refused with
+// EXDEV, as openat2 with RESOLVE_NO_XDEV refuses it), and a name of b's
+// own filesystem is stated again, in full, where that has a server.
+func (b *backing) statName(dirfd int, name string, st *unix.Stat_t) error {
+	var stx unix.Statx_t
+	const flags = unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_DONT_SYNC | unix.AT_NO_AUTOMOUNT
+	if err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &stx); err != nil {
+		return err
+	}
+	if b.key.mnt != 0 && stx.Mask&unix.STATX_MNT_ID != 0 && stx.Mnt_id != b.key.mnt {
+		return unix.EXDEV
+	}
+	if !b.local || stx.Mask&unix.STATX_BASIC_STATS != unix.STATX_BASIC_STATS {
+		return unix.Fstatat(dirfd, name, st, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	*st = unix.Stat_t{
+		Dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), Ino: stx.Ino, Nlink: uint64(stx.Nlink),
+		Mode: uint32(stx.Mode), Uid: stx.Uid, Gid: stx.Gid, Rdev: unix.Mkdev(stx.Rdev_major, stx.Rdev_minor),
+		Size: int64(stx.Size), Blksize: int64(stx.Blksize), Blocks: int64(stx.Blocks),
+		Atim: unix.Timespec{Sec: stx.Atime.Sec, Nsec: int64(stx.Atime.Nsec)},
+		Mtim: unix.Timespec{Sec: stx.Mtime.Sec, Nsec: int64(stx.Mtime.Nsec)},
+		Ctim: unix.Timespec{Sec: stx.Ctime.Sec, Nsec: int64(stx.Ctime.Nsec)},
+	}
+	return nil
 }
 
 // ancestorsSearchable checks, as the current thread's credentials, that

@@ -161,7 +161,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		d.lastName, d.lastOK = name, false
 		if check {
 			var st unix.Stat_t
-			if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err := d.node.backing().statName(d.fd, name, &st); err != nil {
 				continue
 			}
 			mode = st.Mode

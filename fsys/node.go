@@ -221,7 +221,7 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 	if at != nil && op == opLookup && name != "" && at.path == dir {
 		if at.st != nil {
 			t.st = *at.st
-		} else if err := unix.Fstatat(at.fd, name, &t.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		} else if err := t.b.statName(at.fd, name, &t.st); err != nil {
 			t.absent = err == unix.ENOENT
 			return t, errnoOf(err)
 		}

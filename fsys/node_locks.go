@@ -100,9 +100,16 @@ func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock
 	if errno != syscall.EAGAIN || lk.Typ == syscall.F_UNLCK {
 		return errno
 	}
-	v := h.node.view
+	return h.node.view.waitRetry(ctx, syscall.ENOLCK, func() syscall.Errno { return h.Setlk(ctx, owner, lk, flags) })
+}
+
+// waitRetry calls op, which answered EAGAIN, again until it answers
+// anything else, waiting between calls without a thread or an acting
+// place: lockPollFirst doubling to lockPollMax. It answers EINTR when the
+// caller is interrupted, and busy at once when no waiter's place is free.
+func (v *View) waitRetry(ctx context.Context, busy syscall.Errno, op func() syscall.Errno) syscall.Errno {
 	if !v.enterWait() {
-		return syscall.ENOLCK
+		return busy
 	}
 	defer v.leaveWait()
 	t := time.NewTimer(lockPollFirst)
@@ -114,7 +121,7 @@ func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock
 			return syscall.EINTR
 		case <-t.C:
 		}
-		if errno := h.Setlk(ctx, owner, lk, flags); errno != syscall.EAGAIN {
+		if errno := op(); errno != syscall.EAGAIN {
 			return errno
 		}
 		delay = min(2*delay, lockPollMax)

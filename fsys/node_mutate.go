@@ -33,7 +33,7 @@ var (
 // its inode.
 func (n *node) made(ctx context.Context, t *target, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	var st unix.Stat_t
-	if err := unix.Fstatat(t.dirfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := t.b.statName(t.dirfd, t.name, &st); err != nil {
 		return nil, errnoOf(err)
 	}
 	return n.newChild(ctx, &st, t.path, t.ruled, out), 0
@@ -261,6 +261,13 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if fh, ok := f.(*fileHandle); ok {
 		return fh.Setattr(ctx, in, out)
 	}
+	// A truncate opens the file: a lease on it is waited for as an
+	// open's is (leased); nothing has changed when it answers EAGAIN.
+	return n.leased(ctx, func() syscall.Errno { return n.setattrPath(ctx, in, out) })
+}
+
+// setattrPath is Setattr without a handle.
+func (n *node) setattrPath(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	t, errno := n.enter(ctx, opMutate, "")
 	if errno != 0 {
 		return errno
@@ -274,7 +281,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 			}
 			return syscall.EINVAL
 		}
-		wfd, err := reopen(t.fd, unix.O_WRONLY)
+		wfd, err := reopen(t.fd, unix.O_WRONLY|unix.O_NONBLOCK)
 		if err != nil {
 			return errnoOf(err)
 		}
@@ -310,7 +317,7 @@ func (n *node) setattrLink(t *target, in *fuse.SetAttrIn) syscall.Errno {
 	}
 	defer unix.Close(dirfd)
 	var st unix.Stat_t
-	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := t.b.statName(dirfd, name, &st); err != nil {
 		return errnoOf(err)
 	}
 	if st.Dev != n.dev || st.Ino != n.ino {

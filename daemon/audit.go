@@ -135,8 +135,18 @@ func clipAll(ss []string) []string {
 
 // auditPath records a denied path, rate-limited per session and path.
 func (d *Daemon) auditPath(session string, atoms cctx.Set, sp acl.Space, path, op string) {
+	d.auditPathAs(session, session, atoms, sp, path, op)
+}
+
+// checker is the limiter's key for the denials of a path.check made with
+// a context, not a session: each uid's own ("" for all of them let one
+// uid's flood of distinct denied checks hide root's).
+func checker(uid uint32) string { return fmt.Sprintf("\x00uid %d", uid) }
+
+// auditPathAs is auditPath, rate-limited under key.
+func (d *Daemon) auditPathAs(key, session string, atoms cctx.Set, sp acl.Space, path, op string) {
 	d.metrics.PathDenial(sp.String(), op)
-	write, suppressed, unlisted := d.denials.admit(session, denialKey{sp.String(), path, op}, time.Now())
+	write, suppressed, unlisted := d.denials.admit(key, denialKey{sp.String(), path, op}, time.Now())
 	if !write {
 		return
 	}

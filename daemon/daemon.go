@@ -819,7 +819,12 @@ func (d *Daemon) mPathCheck(ctx context.Context, params json.RawMessage) (any, *
 		return nil, control.Errorf(control.CodeInvalidParams, "path: %v", err)
 	}
 	if ex.Decision == "deny" {
-		d.auditPath(p.Session, set, sp, ex.Path, "check")
+		key := p.Session
+		if key == "" {
+			uid, _ := control.PeerUID(ctx)
+			key = checker(uid)
+		}
+		d.auditPathAs(key, p.Session, set, sp, ex.Path, "check")
 	}
 	return ex, nil
 }

@@ -346,14 +346,10 @@ print("read %r in %.1fs" % (data, time.time() - t0))
 	}
 }
 
-// atk11LeaseAll: uid 65534 opens four sessions, makes as many files of its
-// own in the backing workspace as the daemon has places (maxActing,
-// 4 x GOMAXPROCS + 8: 16 on 2 cores), takes a write lease on each, and
-// opens each through its views (a quarter a view): every place waits in
-// break_lease.
-func atk11LeaseAll(t *testing.T, d *daemon) *exec.Cmd {
-	t.Helper()
-	first, _, cmd := atk11Attacker(t, nobody, atk11Call+`
+// atk11Leaser is a Python prelude for the lease attacks: SIGIO ignored,
+// the arguments (socket, views, backing workspace, places), and four
+// sessions a0..a3 of the caller's own under views.
+const atk11Leaser = atk11Call + `
 import fcntl, signal, threading
 signal.signal(signal.SIGIO, signal.SIG_IGN)
 sock, views, ws, total = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -362,21 +358,34 @@ c = conn(sock)
 for v in range(4):
     r = call(c, "session.open", {"id": "a%d" % v, "mount": views + "/a%d" % v, "context": ["tui"]})
     assert "error" not in r, r
-leases = []
-for i in range(total):
-    p = ws + "/l%d" % i
-    with open(p, "w") as f:
-        f.write("x")
-    fd = os.open(p, os.O_RDONLY)
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-    leases.append(fd)
-def opener(i):
+def lease(n):  # n files of the caller's own in the backing workspace, each write-leased
+    fds = []
+    for i in range(n):
+        p = ws + "/l%d" % i
+        with open(p, "w") as f:
+            f.write("x")
+        fd = os.open(p, os.O_RDONLY)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        fds.append(fd)
+    return fds
+def opener(v, i):  # open leased file i through view v
     try:
-        os.close(os.open(views + "/a%d/workspace/l%d" % (i // per, i), os.O_RDONLY))
+        os.close(os.open(views + "/a%d/workspace/l%d" % (v, i), os.O_RDONLY))
     except OSError as e:
         pass
+`
+
+// atk11LeaseAll: uid 65534 opens four sessions, makes as many files of its
+// own in the backing workspace as the daemon has places (maxActing,
+// 4 x GOMAXPROCS + 8: 16 on 2 cores), takes a write lease on each, and
+// opens each through its views (a quarter a view): every place waits in
+// break_lease.
+func atk11LeaseAll(t *testing.T, d *daemon) *exec.Cmd {
+	t.Helper()
+	first, _, cmd := atk11Attacker(t, nobody, atk11Leaser+`
+leases = lease(total)
 for i in range(total):
-    threading.Thread(target=opener, args=(i,), daemon=True).start()
+    threading.Thread(target=opener, args=(i // per, i), daemon=True).start()
 time.sleep(1)
 print("leased and opening", flush=True)
 sys.stdin.readline()
@@ -442,29 +451,9 @@ print("requests", n[0], "line", len(line))
 // special mount, default kernel settings.
 func TestAtk11LeaseDelaysReload(t *testing.T) {
 	d := atk11DaemonWith(t, atk11SecretRules, 4096)
-	first, _, cmd := atk11Attacker(t, nobody, atk11Call+`
-import fcntl, signal, threading
-signal.signal(signal.SIGIO, signal.SIG_IGN)
-sock, views, ws, total = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-per = (total + 3) // 4
-c = conn(sock)
-for v in range(4):
-    r = call(c, "session.open", {"id": "a%d" % v, "mount": views + "/a%d" % v, "context": ["tui"]})
-    assert "error" not in r, r
+	first, _, cmd := atk11Attacker(t, nobody, atk11Leaser+`
 os.listdir(views + "/a0")
-leases = []
-for i in range(total + per):
-    p = ws + "/l%d" % i
-    with open(p, "w") as f:
-        f.write("x")
-    fd = os.open(p, os.O_RDONLY)
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-    leases.append(fd)
-def opener(v, i):
-    try:
-        os.close(os.open(views + "/a%d/workspace/l%d" % (v, i), os.O_RDONLY))
-    except OSError as e:
-        pass
+leases = lease(total + per)
 for i in range(total):
     threading.Thread(target=opener, args=(i // per, i), daemon=True).start()
 time.sleep(0.5)

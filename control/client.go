@@ -46,6 +46,14 @@ func DialTimeout(path string, d time.Duration) (*Client, error) {
 // SetDeadline bounds every call from now on (zero: no deadline).
 func (c *Client) SetDeadline(t time.Time) error { return c.conn.SetDeadline(t) }
 
+// Broken reports whether a call failed on the connection (no later call
+// can succeed on it).
+func (c *Client) Broken() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken != nil
+}
+
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
@@ -55,7 +63,9 @@ func (c *Client) Call(method string, params, out any) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.broken != nil {
-		return fmt.Errorf("the connection to the daemon is unusable after an earlier failure: %w", c.broken)
+		// %v, not %w: a refusal (a *Error) must not read as this call's
+		// answer.
+		return fmt.Errorf("the connection to the daemon is unusable after an earlier failure: %v", c.broken)
 	}
 	c.next++
 	req := map[string]any{"jsonrpc": "2.0", "id": c.next, "method": method, "params": params}

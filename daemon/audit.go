@@ -143,9 +143,12 @@ func (d *Daemon) auditPath(session string, atoms cctx.Set, sp acl.Space, path, o
 // uid's flood of distinct denied checks hide root's).
 func checker(uid uint32) string { return fmt.Sprintf("\x00uid %d", uid) }
 
-// auditPathAs is auditPath, rate-limited under key.
+// auditPathAs is auditPath, rate-limited under key. The path is clipped
+// in the record and in the limiter's key: a path.check names up to 1 MiB,
+// and the limiter keeps 256 keys a session.
 func (d *Daemon) auditPathAs(key, session string, atoms cctx.Set, sp acl.Space, path, op string) {
 	d.metrics.PathDenial(sp.String(), op)
+	path = clip(path)
 	write, suppressed, unlisted := d.denials.admit(key, denialKey{sp.String(), path, op}, time.Now())
 	if !write {
 		return

@@ -131,26 +131,41 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 		return "", 0, false, false
 	}
 	abs := string(buf[:n])
-	if strings.HasSuffix(abs, " (deleted)") {
-		// Either the name it was opened by is gone, or a file is really
-		// called so: only the inode at that path can tell.
-		var at unix.Stat_t
-		if err := unix.Lstat(abs, &at); err != nil || at.Dev != st.Dev || at.Ino != st.Ino {
-			if st.Nlink == 0 {
-				return "", 0, true, true
-			}
-			return "", 0, false, false
-		}
-	}
+	var rel string
 	switch {
 	case abs == b.real:
-		return "/", uint64(st.Nlink), false, true
-	case b.real == "/":
-		return abs, uint64(st.Nlink), false, strings.HasPrefix(abs, "/")
+		rel = "/"
+	case b.real == "/" && strings.HasPrefix(abs, "/"):
+		rel = abs
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
-		return abs[len(b.real):], uint64(st.Nlink), false, true
+		rel = abs[len(b.real):]
+	default:
+		return "", 0, false, false
 	}
-	return "", 0, false, false
+	if strings.HasSuffix(abs, " (deleted)") && !b.isAt(rel, &st) {
+		// The name it was opened by is gone (a file may really be called
+		// so: only the inode at that path can tell).
+		if st.Nlink == 0 {
+			return "", 0, true, true
+		}
+		return "", 0, false, false
+	}
+	return rel, uint64(st.Nlink), false, true
+}
+
+// isAt reports whether rel names the inode st stands for, looked up
+// beneath the root and never across a mount: an lstat of the absolute
+// path crossed a FUSE mount a user made on a directory above a file it
+// named "f (deleted)", and every revocation (each reload, switch and
+// rename) hung on its server (the twelfth review).
+func (b *backing) isAt(rel string, st *unix.Stat_t) bool {
+	fd, err := b.open(rel, unix.O_PATH, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var at unix.Stat_t
+	return unix.Fstat(fd, &at) == nil && at.Dev == st.Dev && at.Ino == st.Ino
 }
 
 // backingSet holds a host's open backing directories, shared by every view

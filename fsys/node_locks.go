@@ -100,14 +100,15 @@ func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock
 	if errno != syscall.EAGAIN || lk.Typ == syscall.F_UNLCK {
 		return errno
 	}
-	return h.node.view.waitRetry(ctx, syscall.ENOLCK, func() syscall.Errno { return h.Setlk(ctx, owner, lk, flags) })
+	return h.node.view.waitRetry(ctx, syscall.ENOLCK, time.Time{}, func() syscall.Errno { return h.Setlk(ctx, owner, lk, flags) })
 }
 
 // waitRetry calls op, which answered EAGAIN, again until it answers
 // anything else, waiting between calls without a thread or an acting
 // place: lockPollFirst doubling to lockPollMax. It answers EINTR when the
-// caller is interrupted, and busy at once when no waiter's place is free.
-func (v *View) waitRetry(ctx context.Context, busy syscall.Errno, op func() syscall.Errno) syscall.Errno {
+// caller is interrupted, busy at once when no waiter's place is free, and
+// EAGAIN after deadline (if set).
+func (v *View) waitRetry(ctx context.Context, busy syscall.Errno, deadline time.Time, op func() syscall.Errno) syscall.Errno {
 	if !v.enterWait() {
 		return busy
 	}
@@ -123,6 +124,9 @@ func (v *View) waitRetry(ctx context.Context, busy syscall.Errno, op func() sysc
 		}
 		if errno := op(); errno != syscall.EAGAIN {
 			return errno
+		}
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			return syscall.EAGAIN
 		}
 		delay = min(2*delay, lockPollMax)
 		t.Reset(delay)

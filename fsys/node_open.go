@@ -2,9 +2,13 @@ package fsys
 
 import (
 	"context"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -337,13 +341,30 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 // begun to break it) waits for the break without an acting place: open(2)
 // would wait in break_lease for /proc/sys/fs/lease-break-time (45 s)
 // holding the place, and any uid may take a lease on its own files, so 16
-// leased files held every place of the daemon (the eleventh review).
+// leased files held every place of the daemon (the eleventh review). A
+// holder that takes a new lease at each break (a blocked open(2) would
+// have kept it from that) is waited for no longer than a break takes:
+// then EAGAIN (the twelfth review).
 func (n *node) leased(ctx context.Context, op func() syscall.Errno) syscall.Errno {
 	errno := op()
 	if errno != syscall.EAGAIN {
 		return errno
 	}
-	return n.view.waitRetry(ctx, syscall.EAGAIN, op)
+	return n.view.waitRetry(ctx, syscall.EAGAIN, time.Now().Add(leaseBreakTime()), op)
+}
+
+// leaseBreakTime is how long the kernel lets a lease holder take to
+// release (/proc/sys/fs/lease-break-time; 45 s when it cannot be read).
+func leaseBreakTime() time.Duration {
+	b, err := os.ReadFile("/proc/sys/fs/lease-break-time")
+	if err != nil {
+		return 45 * time.Second
+	}
+	s, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || s < 0 {
+		return 45 * time.Second
+	}
+	return time.Duration(s) * time.Second
 }
 
 // openEntry opens a resolved regular file with real access flags, through

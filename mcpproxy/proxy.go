@@ -359,6 +359,10 @@ func (p *proxy) call(ctx context.Context, m message) {
 		return
 	}
 	decision, reasons := p.decide(ctx, name, args)
+	if decision == "approval_required" && len(name) > maxApprovalName {
+		p.deny(m.id, name, append(reasons, fmt.Sprintf("approval required, and the tool name (%d bytes) is too long to be shown for approval (at most %d)", len(name), maxApprovalName)))
+		return
+	}
 	if decision == "approval_required" && len(args) > MaxApprovalArgs {
 		// The user must see all of what they approve; a padding
 		// argument first would push the rest out of any question.
@@ -430,7 +434,13 @@ func (p *proxy) decide(ctx context.Context, name string, args []byte) (string, [
 
 // MaxApprovalArgs bounds the arguments of a call the user is asked to
 // approve: the question shows them whole, and a longer call is denied.
-const MaxApprovalArgs = 8 << 10
+// maxApprovalName bounds its tool name, shown quoted (a server names its
+// tools: one named with a fake question, newlines and padding pushed the
+// real arguments out of sight; the twelfth review).
+const (
+	MaxApprovalArgs = 8 << 10
+	maxApprovalName = 256
+)
 
 // approvalKey names condfs's question among a call's input requests.
 const approvalKey = "condfs-approval"
@@ -466,7 +476,7 @@ func (p *proxy) multiRoundTrip() bool {
 func approvalQuestion(name string, args []byte, reasons []string) map[string]any {
 	// The arguments whole, as forwarded (compact JSON, every character
 	// outside printable ASCII escaped): nothing is cut or hidden.
-	text := fmt.Sprintf("Allow the tool call %s with the arguments %s?", name, args)
+	text := fmt.Sprintf("Allow the tool call %s with the arguments %s?", strconv.QuoteToASCII(name), args)
 	if len(reasons) > 0 {
 		text += " " + strings.Join(reasons, "; ")
 	}

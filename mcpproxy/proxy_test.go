@@ -245,7 +245,7 @@ func TestApproval(t *testing.T) {
 	if got := r.calls(); !slices.Equal(got, []string{"ask"}) {
 		t.Fatalf("the server saw %v", got)
 	}
-	if len(asked) != 4 || !strings.Contains(asked[0], "call ask with the arguments") || !strings.Contains(asked[0], "please") {
+	if len(asked) != 4 || !strings.Contains(asked[0], `call "ask" with the arguments`) || !strings.Contains(asked[0], "please") {
 		t.Fatalf("the questions: %q", asked)
 	}
 }

@@ -139,7 +139,7 @@ func (d *socketDecider) call(ctx context.Context, method string, params, out any
 		d.c.SetDeadline(deadline)
 		err := d.c.Call(method, params, out)
 		var ce *control.Error
-		if err == nil || errors.As(err, &ce) {
+		if err == nil || (errors.As(err, &ce) && !d.c.Broken()) {
 			return err
 		}
 		// A broken connection (or one whose answer is late: it must never

@@ -190,10 +190,9 @@ func New(cfg Config) (*Daemon, error) {
 	RaiseFileLimit()
 	d := &Daemon{
 		cfg: cfg, log: cfg.Logger, audit: cfg.Audit,
-		conditions:   newConditions(cfg.Conditions),
-		policy:       newPolicy(cfg.Policy),
-		sessions:     map[string]*session{},
-		mounts:       map[string]string{},
+		conditions: newConditions(cfg.Conditions),
+		policy:     newPolicy(cfg.Policy),
+		sessions:   map[string]*session{}, mounts: map[string]string{},
 		warm:         newWarmPool(cfg.WarmRuns),
 		egressPool:   egress.NewPool(nodeConnections(fileLimit())),
 		largeDecides: make(chan struct{}, largeDecides),

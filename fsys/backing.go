@@ -51,7 +51,7 @@ func openBacking(dir string) (*backing, error) {
 	}
 	var sfs unix.Statfs_t
 	if unix.Fstatfs(fd, &sfs) == nil {
-		b.local = localFS[int64(sfs.Type)]
+		b.local = localFS(int64(sfs.Type))
 	}
 	real, err := os.Readlink(procPath(fd))
 	if err != nil {
@@ -62,13 +62,17 @@ func openBacking(dir string) (*backing, error) {
 	return b, nil
 }
 
-// localFS are the filesystems whose statx with AT_STATX_DONT_SYNC gives
-// the same attributes as one without: they have no server to ask.
-var localFS = map[int64]bool{
-	unix.EXT4_SUPER_MAGIC: true, unix.XFS_SUPER_MAGIC: true, unix.BTRFS_SUPER_MAGIC: true,
-	unix.TMPFS_MAGIC: true, unix.F2FS_SUPER_MAGIC: true, unix.OVERLAYFS_SUPER_MAGIC: true,
-	0x2fc12fc1: true, // zfs
-	0xca451a4e: true, // bcachefs
+// localFS reports the filesystems whose statx with AT_STATX_DONT_SYNC
+// gives the same attributes as one without: they have no server to ask.
+func localFS(magic int64) bool {
+	switch magic {
+	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC, unix.TMPFS_MAGIC,
+		unix.F2FS_SUPER_MAGIC, unix.OVERLAYFS_SUPER_MAGIC,
+		0x2fc12fc1, // zfs
+		0xca451a4e: // bcachefs
+		return true
+	}
+	return false
 }
 
 // statName stats name beneath dirfd, a directory of b, never asking

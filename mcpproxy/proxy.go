@@ -359,14 +359,8 @@ func (p *proxy) call(ctx context.Context, m message) {
 		return
 	}
 	decision, reasons := p.decide(ctx, name, args)
-	if decision == "approval_required" && len(name) > maxApprovalName {
-		p.deny(m.id, name, append(reasons, fmt.Sprintf("approval required, and the tool name (%d bytes) is too long to be shown for approval (at most %d)", len(name), maxApprovalName)))
-		return
-	}
-	if decision == "approval_required" && len(args) > MaxApprovalArgs {
-		// The user must see all of what they approve; a padding
-		// argument first would push the rest out of any question.
-		p.deny(m.id, name, append(reasons, fmt.Sprintf("approval required, and the arguments (%d bytes) are too long to be shown for approval (at most %d): allow such calls by policy, with constraints", len(args), MaxApprovalArgs)))
+	if why := unaskable(name, args); decision == "approval_required" && why != "" {
+		p.deny(m.id, name, append(reasons, why))
 		return
 	}
 	switch decision {
@@ -430,6 +424,19 @@ func (p *proxy) decide(ctx context.Context, name string, args []byte) (string, [
 		return "deny", []string{"the condfs daemon gave no decision: " + err.Error()}
 	}
 	return decision, reasons
+}
+
+// unaskable says why a call cannot be put to the user, or "": the user
+// must see all of what they approve, and a padding argument first (or a
+// tool name a server chose) would push the rest out of any question.
+func unaskable(name string, args []byte) string {
+	switch {
+	case len(name) > maxApprovalName:
+		return fmt.Sprintf("approval required, and the tool name (%d bytes) is too long to be shown for approval (at most %d)", len(name), maxApprovalName)
+	case len(args) > MaxApprovalArgs:
+		return fmt.Sprintf("approval required, and the arguments (%d bytes) are too long to be shown for approval (at most %d): allow such calls by policy, with constraints", len(args), MaxApprovalArgs)
+	}
+	return ""
 }
 
 // MaxApprovalArgs bounds the arguments of a call the user is asked to

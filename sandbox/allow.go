@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,6 +23,8 @@ const (
 	// runs it otherwise.
 	placeShown
 	// placeOther: elsewhere; bound over an empty placeholder while allowed.
+	// Landlock's rule for it names the host's file (slot.host), whatever
+	// the run shows at its place when a command is confined.
 	placeOther
 	// placeView: a file or directory of the view (/workspace/..., /memories/...),
 	// which the run shows noexec: while allowed, what the view shows there
@@ -37,6 +40,7 @@ type slot struct {
 	binDir   string // placeBin: the bin directory holding it
 	dir      bool
 	spare    int // a detached clone of the source, ready to attach; placeView: the attached bind
+	host     int // placeOther: an O_PATH descriptor of the host's file, for Landlock's rule; -1 otherwise
 	attached bool
 	// ghosts (placeView): binds of it the kernel took away while a command
 	// ran, which no one can make noexec; withdrawing the slot while one is
@@ -63,14 +67,14 @@ func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, 
 			// "/workspace/x" are decided apart, and each binds only
 			// what is of its kind. Nothing to clone ahead: the view's
 			// files come and go.
-			al.slots = append(al.slots, &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, kind: placeView})
+			al.slots = append(al.slots, &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, host: -1, kind: placeView})
 			continue
 		}
 		if sl, ok := byPlace[e.Place]; ok {
 			sl.names = append(sl.names, e.Name)
 			continue
 		}
-		sl := &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, kind: placeOther}
+		sl := &slot{place: e.Place, names: []string{e.Name}, dir: e.Dir, spare: -1, host: -1, kind: placeOther}
 		for _, d := range h.binDirs {
 			if under(e.Place, d) && (sl.binDir == "" || len(d) > len(sl.binDir)) {
 				sl.kind, sl.binDir = placeBin, d
@@ -97,6 +101,14 @@ func newAllowState(entries []binEntry, h *hostLayout, owner Spec) (*allowState, 
 		sl.spare = fd
 		byPlace[sl.place] = sl
 		al.slots = append(al.slots, sl)
+		if sl.kind == placeOther {
+			h, err := unix.Open(e.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+			if err != nil {
+				al.close()
+				return nil, fmt.Errorf("open %s: %w", e.Source, err)
+			}
+			sl.host = h
+		}
 	}
 	sort.Slice(al.slots, func(i, j int) bool { return al.slots[i].place < al.slots[j].place })
 	return al, nil
@@ -109,7 +121,33 @@ func (al *allowState) close() {
 			unix.Close(sl.spare)
 			sl.spare = -1
 		}
+		if sl.host >= 0 {
+			unix.Close(sl.host)
+			sl.host = -1
+		}
 	}
+}
+
+// execRules are the files and directories outside the bin directories and
+// the view that Landlock lets a command execute: each binary listed
+// elsewhere by its host file (a descriptor's /proc name, the host's tree
+// being gone after pivot_root), attached or not when the command is
+// confined. A rule naming what the place showed then would name the
+// placeholder while the binary was withdrawn, and the command would be
+// refused it after the context allowed it again. Between a withdrawal
+// and the next attach the binary is reachable only through its detached
+// bind, which is noexec (removeAll).
+func (al *allowState) execRules() []string {
+	var out []string
+	for _, sl := range al.slots {
+		switch sl.kind {
+		case placeOther:
+			out = append(out, "/proc/thread-self/fd/"+strconv.Itoa(sl.host))
+		case placeShown:
+			out = append(out, sl.place)
+		}
+	}
+	return out
 }
 
 // attachShown binds each binary of the shown trees over itself under the
@@ -204,6 +242,13 @@ func (al *allowState) removeAll(allowed func(*slot) bool, rw writableDirs, live 
 			}
 			sl.attached = false
 			continue
+		}
+		// Noexec first: a descriptor opened through the bind while it
+		// was allowed (O_RDONLY or O_PATH, a /proc/PID/exe, a cwd) keeps
+		// the detached mount, and execve, fexecve and the ELF
+		// interpreter's mapping all ask that mount.
+		if err := setExec(sl.place, false); err != nil {
+			return err
 		}
 		if err := unix.Unmount(sl.place, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
 			return fmt.Errorf("unbind %s: %w", sl.place, err)

@@ -18,11 +18,12 @@ var confineHook = fullConfine
 var interpreters = []string{"/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-x86-64.so.2"}
 
 // fullConfine is confine.Apply for the run, inside its new root: execution
-// only in the bin directories, of binaries listed outside them, and of the
-// ELF interpreter; writes only under the view, /tmp and /dev/shm (and the
-// terminal devices); capabilities, no_new_privs and seccomp as confine
-// documents. Landlock is required wherever the kernel has it.
-func fullConfine(spec Spec) error {
+// only in the bin directories, of binaries listed outside them (rules, from
+// allowState.execRules), and of the ELF interpreter; writes only under the
+// view, /tmp and /dev/shm (and the terminal devices); capabilities,
+// no_new_privs and seccomp as confine documents. Landlock is required
+// wherever the kernel has it.
+func fullConfine(spec Spec, rules []string) error {
 	var exec []string
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	for _, d := range binDirs {
@@ -40,10 +41,11 @@ func fullConfine(spec Spec) error {
 			if !slices.Contains(exec, space) {
 				exec = append(exec, space)
 			}
-			continue
 		}
-		if !inBinDir(b) && exists(b) {
-			exec = append(exec, b)
+	}
+	for _, r := range rules {
+		if exists(r) {
+			exec = append(exec, r)
 		}
 	}
 	for _, i := range interpreters {

@@ -90,6 +90,7 @@ func initMain() int {
 		return fail(step("descriptors", err))
 	}
 	d := &dispatcher{ch: ch, al: al, cmds: make(chan message, 1)}
+	rules := al.execRules()
 	for first := true; ; first = false {
 		if !first {
 			// Another command of the same sandbox: nothing of the last
@@ -103,7 +104,7 @@ func initMain() int {
 		// the sandbox waits: a prepared run's command only has to be
 		// forked. Its own IPC namespace, new for each command, keeps no
 		// SysV object of the last one.
-		fk, err := newForker(is.Spec)
+		fk, err := newForker(is.Spec, rules)
 		if err != nil {
 			return fail(err)
 		}
@@ -399,7 +400,7 @@ type forkRes struct {
 	err error
 }
 
-func newForker(spec Spec) (*forker, error) {
+func newForker(spec Spec, rules []string) (*forker, error) {
 	fk := &forker{reqs: make(chan forkReq)}
 	confined := make(chan error, 1)
 	go func() {
@@ -408,7 +409,7 @@ func newForker(spec Spec) (*forker, error) {
 			confined <- step("ipc namespace", err)
 			return
 		}
-		if err := confineHook(spec); err != nil {
+		if err := confineHook(spec, rules); err != nil {
 			confined <- step("confine", err)
 			return
 		}

@@ -86,3 +86,33 @@ func Empty(pathFD int) (bool, error) {
 		}
 	}
 }
+
+// BeneathFlags are how Beneath resolves: never above dirfd, never through
+// a symlink (one on the way fails with ELOOP), never across a mount.
+const BeneathFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// Beneath opens rel (a canonical path within the tree, "/" or "" for its
+// root) beneath dirfd with openat2 and BeneathFlags, adding O_CLOEXEC and
+// O_NOFOLLOW: a symlink as the last component fails with ELOOP, unless
+// flags has O_PATH, which then opens the link itself. The kernel's EAGAIN
+// (a resolution that raced with a rename) and EINTR are retried.
+func Beneath(dirfd int, rel string, flags int, mode uint32) (int, error) {
+	p := rel
+	for len(p) > 0 && p[0] == '/' {
+		p = p[1:]
+	}
+	if p == "" {
+		p = "."
+	}
+	for {
+		fd, err := unix.Openat2(dirfd, p, &unix.OpenHow{
+			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW),
+			Mode:    uint64(mode),
+			Resolve: BeneathFlags,
+		})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		return fd, err
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -138,15 +139,6 @@ func (d *Daemon) narrowRuns(s *session, oldCfg *acl.Config, old cctx.Set, cfg *a
 	}
 }
 
-// allowedBinaries is what of binaries the context allows (none without a
-// [sandbox] table).
-func allowedBinaries(cfg *acl.Config, set cctx.Set, binaries []string) []string {
-	if cfg.Sandbox() == nil {
-		return nil
-	}
-	return cfg.AllowedBinaries(set, binaries)
-}
-
 type runParams struct {
 	Session   string   `json:"session"`
 	Roles     []string `json:"roles"`
@@ -214,7 +206,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		return nil, err
 	}
 	allowed := allowedBinaries(cfg, set, sb.Binaries())
-	if err := commandAllowed(p.Argv[0], allowed); err != nil {
+	if err := commandAllowed(p.Argv[0], env, allowed); err != nil {
 		return nil, err
 	}
 	if sb.Network() == acl.NetworkPolicy {
@@ -572,22 +564,37 @@ func (d *Daemon) checkCwd(cfg *acl.Config, set cctx.Set, cwd string) *control.Er
 }
 
 // commandAllowed: 126 for a command the run may not execute, 127 for one
-// that exists nowhere.
-func commandAllowed(cmd string, allowed []string) *control.Error {
+// that exists nowhere. A bare name is looked up on the PATH the command
+// gets (the last PATH of env, as the sandbox looks it up); a name is
+// compared with the listed ones where the run shows it (hostPlace).
+func commandAllowed(cmd string, env, allowed []string) *control.Error {
 	var candidates []string
 	if strings.Contains(cmd, "/") {
 		candidates = []string{path.Clean(cmd)}
 	} else {
-		for _, dir := range []string{"/usr/local/bin", "/usr/bin", "/bin"} {
-			candidates = append(candidates, dir+"/"+cmd)
+		search := ""
+		for _, e := range env {
+			if v, ok := strings.CutPrefix(e, "PATH="); ok {
+				search = v
+			}
+		}
+		for _, dir := range filepath.SplitList(search) {
+			if path.IsAbs(dir) {
+				candidates = append(candidates, path.Join(dir, cmd))
+			}
 		}
 	}
 	for _, c := range candidates {
-		if strings.HasPrefix(c, "/workspace/") || strings.HasPrefix(c, "/memories/") {
+		if inView(c) {
 			return nil // decided inside, by the view and the exec rules
 		}
+		place := hostPlace(c)
 		for _, a := range allowed {
-			if c == a || (strings.HasSuffix(a, "/") && strings.HasPrefix(c, a)) {
+			if d, ok := strings.CutSuffix(a, "/"); ok {
+				if strings.HasPrefix(place, hostPlace(d)+"/") {
+					return nil
+				}
+			} else if place == hostPlace(a) {
 				return nil
 			}
 		}

@@ -1,0 +1,95 @@
+package daemon
+
+// The names of a host program, as a run lays them out. The sandbox shows
+// /usr whole and recreates the host's top-level directory links (/bin ->
+// usr/bin where /usr is merged), and binds each listed binary at its
+// place: its parent directory resolved, its own name kept (sandbox.Spec).
+// So /bin/true and /usr/bin/true are one program in a run, and the
+// daemon's checks before a run answer for both names alike: a command
+// named either way is the program listed either way, and the exec rules
+// of every spelling decide it.
+
+import (
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/condfs/condfs/acl"
+	cctx "github.com/condfs/condfs/context"
+)
+
+// mergedDirs are the host directories that may be links into /usr
+// (usr-merge): the run shows each as the host does.
+var mergedDirs = []string{"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/sbin"}
+
+// hostPlace is where the run shows the file p (absolute, clean): its
+// parent resolved through the host's links, its own name kept, as the
+// sandbox places a listed binary. A path of the view, or one whose parent
+// does not resolve, is itself.
+func hostPlace(p string) string {
+	if inView(p) || p == "/" {
+		return p
+	}
+	dir, err := filepath.EvalSymlinks(path.Dir(p))
+	if err != nil {
+		return p
+	}
+	return path.Join(dir, path.Base(p))
+}
+
+// spellings are the names that reach the same place as p through the
+// host's directory links (p first): /bin/true and /usr/bin/true.
+func spellings(p string) []string {
+	out := []string{p}
+	add := func(s string) {
+		for _, o := range out {
+			if o == s {
+				return
+			}
+		}
+		out = append(out, s)
+	}
+	place := hostPlace(p)
+	add(place)
+	for _, d := range mergedDirs {
+		t, err := filepath.EvalSymlinks(d)
+		if err != nil || t == d {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(place, t+"/"); ok {
+			add(d + "/" + rest)
+		}
+	}
+	return out
+}
+
+func inView(p string) bool {
+	return p == "/workspace" || p == "/memories" || strings.HasPrefix(p, "/workspace/") || strings.HasPrefix(p, "/memories/")
+}
+
+// allowedBinaries is what of binaries the context allows (none without a
+// [sandbox] table): each listed name the exec rules allow, under every
+// spelling a listed file has (an [exec."/bin/true"] rule decides
+// /usr/bin/true too; where the spellings' rules disagree, it is refused).
+func allowedBinaries(cfg *acl.Config, set cctx.Set, binaries []string) []string {
+	if cfg.Sandbox() == nil {
+		return nil
+	}
+	out := cfg.AllowedBinaries(set, binaries)
+	kept := out[:0]
+	for _, n := range out {
+		ok := true
+		if !strings.HasSuffix(n, "/") {
+			for _, s := range spellings(n)[1:] {
+				if allow, _ := cfg.Decide(acl.Exec, s, set); !allow {
+					ok = false
+					break
+				}
+			}
+		}
+		if ok {
+			kept = append(kept, n)
+		}
+	}
+	return kept
+}

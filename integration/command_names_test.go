@@ -1,0 +1,72 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// namesRules list true and sh by /usr/bin, ls by /bin, and decide true
+// and ls by keys written the other way.
+const namesRules = privateRule + `
+[sandbox]
+binaries = ["/usr/bin/true", "/usr/bin/sh", "/bin/ls"]
+pids = 64
+
+[exec."/bin/true"]
+when = "discord:dm"
+action = "allow"
+
+[exec."/usr/bin/ls"]
+when = "discord:dm"
+action = "allow"
+`
+
+// TestCommandNamedThroughUsrMergeLinks: where /bin is a link to usr/bin, a
+// command named through it is the program listed through /usr/bin and the
+// reverse, for the daemon's check before a run as inside it, and an exec
+// rule's key decides the program whichever way it is written.
+func TestCommandNamedThroughUsrMergeLinks(t *testing.T) {
+	if fi, err := os.Lstat("/bin"); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("/bin is not a link on this host (%v): the test needs a usr-merged host", err)
+		}
+		t.Skip("/bin is not a link on this host")
+	}
+	eachRunPath(t, namesRules, func(t *testing.T, p runPath) {
+		cases := [][]string{{"/bin/true"}, {"true"}, {"/usr/bin/true"}, {"/usr/bin/ls", "/"}, {"/bin/ls", "/"}, {"ls", "/"},
+			{"/bin/sh", "-c", "/bin/true"}, {"sh", "-c", "/usr/bin/ls /"}}
+		for _, c := range cases {
+			if out, code := p.run(c...); code != 0 {
+				t.Errorf("DM %v: exit %d %q", c, code, out)
+			}
+		}
+		p.setContext(guildCtx)
+		for _, c := range cases[:6] {
+			if out, code := p.run(c...); code != 126 {
+				t.Errorf("guild %v: exit %d %q, want 126", c, code, out)
+			}
+		}
+		if out, code := p.run("/bin/sh", "-c", "/bin/true || exit 9; /usr/bin/ls / || exit 9; /bin/ls / || exit 9"); code != 9 {
+			t.Errorf("guild, named inside the run: exit %d %q, want 9", code, out)
+		}
+	})
+}
+
+// TestCommandFoundOnItsOwnPath: a bare command name is looked up, before
+// the run as inside it, on the PATH the command gets (--env PATH=...).
+func TestCommandFoundOnItsOwnPath(t *testing.T) {
+	marker := hostMarker(t)
+	d, _ := runHomeFiles(t, markerRules(marker), nil)
+	pathEnv := "PATH=" + filepath.Dir(marker) + ":/usr/bin"
+	if out, code := condfsRun(t, d, "", "--env", pathEnv, "--", "marker", "-c", "echo found"); code != 0 || out != "found\n" {
+		t.Errorf("marker on --env %s: exit %d %q", pathEnv, code, out)
+	}
+	if out, code := condfsRun(t, d, "", "--env", "PATH=/nonexistent", "--", "true"); code != 127 {
+		t.Errorf("true on PATH=/nonexistent: exit %d %q, want 127", code, out)
+	}
+	d.setContext("s", guildCtx)
+	if out, code := condfsRun(t, d, "", "--env", pathEnv, "--", "marker", "-c", "echo found"); code != 126 {
+		t.Errorf("marker on --env %s in a guild: exit %d %q, want 126", pathEnv, code, out)
+	}
+}

@@ -62,6 +62,8 @@ type Host struct {
 	acting chan struct{}
 	// lockWaiters counts the blocking lock requests waiting in all views.
 	lockWaiters atomic.Int32
+	// recorders are the views' change recorders (changes.go).
+	recorders recorders
 
 	// fault, set only by unit tests, runs at the choke point of every
 	// operation: a test makes it panic to prove that one failing request

@@ -49,6 +49,10 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		return nil, nil, 0, errno
 	}
 	defer t.leave()
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
 	// The descriptor is taken before the file is made: a refusal leaves
 	// nothing behind.
 	if errno := n.view.takeFile(); errno != 0 {
@@ -76,6 +80,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if err != nil {
 		return nil, nil, 0, errnoOf(err)
 	}
+	changed(rec, n.space, t.path)
 	ch, errno := n.made(ctx, &t, out)
 	if errno != 0 {
 		unix.Close(fd)
@@ -95,6 +100,11 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, errno
 	}
 	defer t.leave()
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer changed(rec, n.space, t.path)
 	if err := unix.Mkdirat(t.dirfd, name, mode); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -107,6 +117,11 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 		return nil, errno
 	}
 	defer t.leave()
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer changed(rec, n.space, t.path)
 	if err := unix.Mknodat(t.dirfd, name, mode, int(rdev)); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -125,6 +140,11 @@ func (n *node) Symlink(ctx context.Context, link, name string, out *fuse.EntryOu
 		n.view.auditDeny(t.d.atoms, n.space, t.path, "symlink out of the space")
 		return nil, syscall.EACCES
 	}
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer changed(rec, n.space, t.path)
 	if err := unix.Symlinkat(link, t.dirfd, name); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -145,6 +165,11 @@ func (n *node) remove(ctx context.Context, name string, flags int) syscall.Errno
 		return errno
 	}
 	defer t.leave()
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return errno
+	}
+	defer changed(rec, n.space, t.path)
 	return errnoOf(unix.Unlinkat(t.dirfd, name, flags))
 }
 
@@ -198,9 +223,15 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		n.view.auditDeny(d.atoms, n.space, src.path, "rename of a directory holding ruled paths")
 		return syscall.EACCES
 	}
+	dirMoves := src.isDir() || (exchange && dst.isDir())
+	rec, errno := n.view.renaming(n.space, src.path, dst.path, dirMoves, exchange)
+	if errno != 0 {
+		return errno
+	}
 	if err := unix.Renameat2(src.dirfd, name, dst.dirfd, newName, uint(flags)); err != nil {
 		return errnoOf(err)
 	}
+	noteRenamed(rec, n.space, src.path, dst.path, dirMoves, exchange)
 	n.view.host.renames.Add(1)
 	renamed, dev = true, src.b.dev
 	if (src.isDir() || (exchange && dst.isDir())) && d.ruledSpace(n.space) {
@@ -247,6 +278,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 		n.view.auditDeny(src.d.atoms, n.space, src.path, "link")
 		return nil, syscall.EROFS
 	}
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer changed(rec, n.space, t.path)
 	if err := unix.Linkat(unix.AT_FDCWD, procPath(src.fd), t.dirfd, name, unix.AT_SYMLINK_FOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -273,6 +309,11 @@ func (n *node) setattrPath(ctx context.Context, in *fuse.SetAttrIn, out *fuse.At
 		return errno
 	}
 	defer t.leave()
+	rec, errno := n.view.changing(n.space, t.path)
+	if errno != 0 {
+		return errno
+	}
+	defer changed(rec, n.space, t.path)
 	isLink := t.st.Mode&unix.S_IFMT == unix.S_IFLNK
 	if _, ok := in.GetSize(); ok {
 		if t.st.Mode&unix.S_IFMT != unix.S_IFREG {

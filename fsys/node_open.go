@@ -189,10 +189,15 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (n uint3
 	if !h.decide(true) {
 		return 0, syscall.EACCES
 	}
+	rec, p, errno := h.writing()
+	if errno != 0 {
+		return 0, errno
+	}
 	errno = h.node.view.acts(func() (errno syscall.Errno) {
 		n, errno = h.lf.Write(ctx, data, off)
 		return errno
 	})
+	h.wrote(rec, p)
 	return n, errno
 }
 
@@ -269,6 +274,11 @@ func (h *fileHandle) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.
 		h.node.view.auditDeny(d.atoms, h.node.space, p, opMutate.String())
 		return syscall.EROFS
 	}
+	rec, p, errno := h.writing()
+	if errno != 0 {
+		return errno
+	}
+	defer h.wrote(rec, p)
 	var st unix.Stat_t
 	errno = h.withFD(func(fd int) syscall.Errno {
 		if errno := setattrFD(fd, in, false); errno != 0 {
@@ -299,6 +309,11 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 	if !h.decide(true) {
 		return syscall.EACCES
 	}
+	rec, p, errno := h.writing()
+	if errno != 0 {
+		return errno
+	}
+	defer h.wrote(rec, p)
 	return h.node.view.acts(func() syscall.Errno { return h.lf.Allocate(ctx, off, size, mode) })
 }
 
@@ -373,6 +388,13 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 	if t.st.Mode&unix.S_IFMT != unix.S_IFREG {
 		n.view.auditDeny(t.d.atoms, n.space, t.path, "open of a special file")
 		return nil, 0, syscall.EACCES
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		rec, errno := n.view.changing(n.space, t.path)
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		defer changed(rec, n.space, t.path)
 	}
 	if errno := n.view.takeFile(); errno != 0 {
 		return nil, 0, errno

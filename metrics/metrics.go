@@ -34,6 +34,7 @@ type Metrics struct {
 	fuseOps    *histogramVec
 	conns      *counterVec
 	sockErrors *counterVec
+	changes    *counterVec
 	sessions   func() int
 	panics     func() map[string]int64
 	configs    []configGauge
@@ -56,7 +57,8 @@ var (
 	outcomeValues  = set("ok", "error", "unchanged")
 	whereValues    = set("control", "fuse")
 	errorCodes     = set("-32700", "-32600", "-32601", "-32602", "-32603", "-32001", "-32002", "-32003", "-32004",
-		"-32010", "-32011", "-32012", "-32013")
+		"-32010", "-32011", "-32012", "-32013", "-32031", "-32032")
+	changeOps = set("checkpoint", "rollback", "dropped", "enospc", "conflict")
 )
 
 func set(vals ...string) map[string]bool {
@@ -92,9 +94,11 @@ func New(sessions func() int, panics func() map[string]int64) *Metrics {
 			exponentialBuckets(5e-6, 2.5, 12), "op"),
 		conns:      newCounterVec("condfs_socket_connections_total", "Control socket connections accepted."),
 		sockErrors: newCounterVec("condfs_socket_errors_total", "Control socket error answers, by JSON-RPC code.", "code"),
-		sessions:   sessions,
-		panics:     panics,
-		started:    time.Now(),
+		changes: newCounterVec("condfs_changes_total",
+			"Checkpoints created, rollbacks run, checkpoints dropped for max_checkpoints, changes refused for max_bytes (enospc) and paths a rollback left for a conflict.", "op"),
+		sessions: sessions,
+		panics:   panics,
+		started:  time.Now(),
 	}
 }
 
@@ -126,6 +130,17 @@ func (m *Metrics) Egress(protocol, outcome string) {
 		return
 	}
 	m.egress.inc(bounded(protocol, protoValues), bounded(outcome, egressValues))
+}
+
+// Change counts n of a change operation (checkpoint, rollback, dropped,
+// enospc, conflict).
+func (m *Metrics) Change(op string, n int) {
+	if m == nil {
+		return
+	}
+	for range n {
+		m.changes.inc(bounded(op, changeOps))
+	}
 }
 
 // PathDenial counts a denial of a path request.
@@ -187,6 +202,7 @@ func (m *Metrics) WriteTo(w *strings.Builder) {
 	m.fuseOps.write(w)
 	m.conns.write(w)
 	m.sockErrors.write(w)
+	m.changes.write(w)
 	gauge(w, "condfs_sessions_open", "Sessions open now.", nil, float64(m.sessions()))
 	panics := m.panics()
 	if len(panics) > 0 {

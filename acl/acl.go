@@ -97,6 +97,7 @@ type Config struct {
 	ruled   [numSpaces]bool
 	blocks  []blockRule
 	sandbox *Sandbox // nil: no [sandbox] table, nothing may be executed
+	changes *Changes // nil: no [changes] table, the defaults (changes.go)
 }
 
 type rule struct {

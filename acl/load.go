@@ -106,6 +106,12 @@ func (l *loader) parse(data []byte) (*Config, error) {
 			if err := l.sandbox(c, prim); err != nil {
 				return nil, err
 			}
+		case "changes":
+			ch, err := l.changes(prim)
+			if err != nil {
+				return nil, err
+			}
+			c.changes = ch
 		case "blocks":
 			if err := l.blocks(c, prim); err != nil {
 				return nil, err

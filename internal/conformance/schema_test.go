@@ -48,7 +48,11 @@ func TestSchemas(t *testing.T) {
 	conds = append(conds,
 		file{"sandbox", "[sandbox]\nbinaries = [\"/bin/sh\", \"/usr/lib/git-core/\"]\nnetwork = \"policy\"\nmemory = 1048576\ntmp_size = \"64MiB\"\npids = 8\nconnections = 4\nreach_private = [\"10.0.0.0/8\", \"fd00::1\"]\nhosts = \"/etc/condfs/hosts\"\n[exec.\"/usr/lib/git-core/\"]\nwhen = \"tui\"\naction = \"deny\"\n"},
 		file{"sandbox unknown key", "[sandbox]\nbinaries = []\nshell = \"/bin/sh\"\n"},
-		file{"sandbox in exec", "[exec.\"/bin/sh\"]\nwhen = \"tui\"\naction = \"allow\"\nbinaries = []\n"})
+		file{"sandbox in exec", "[exec.\"/bin/sh\"]\nwhen = \"tui\"\naction = \"allow\"\nbinaries = []\n"},
+		file{"changes", "[changes]\nmode = \"staged\"\nmax_bytes = \"512MiB\"\nmax_checkpoints = 8\n"},
+		file{"changes bad mode", "[changes]\nmode = \"overlay\"\n"},
+		file{"changes bad size", "[changes]\nmax_bytes = \"1GB\"\n"},
+		file{"changes unknown key", "[changes]\nundo = true\n"})
 	cases, err := conformance.Load("constraints.jsonl")
 	if err != nil {
 		t.Fatal(err)

@@ -64,11 +64,8 @@ func through(t *testing.T, line []byte) (forwarded [][]byte, calls [][2]string) 
 	t.Helper()
 	var toServer, toClient bytes.Buffer
 	rec := &recorder{}
-	p := &proxy{
-		opts:   Options{Decider: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DecideTimeout: 1e9, ApprovalTimeout: 1e9},
-		client: &lockedWriter{w: &toClient}, server: &lockedWriter{w: nopCloser{&toServer}},
-		lists: map[string]bool{}, approvals: map[string]chan *jsonwire.Value{}, asked: map[string]askedCall{},
-	}
+	p := newProxy(Options{Decider: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DecideTimeout: 1e9, ApprovalTimeout: 1e9},
+		&toClient, nopCloser{&toServer})
 	if err := p.clientLoop(context.Background(), bytes.NewReader(append(line, '\n'))); err != nil {
 		t.Fatal(err)
 	}

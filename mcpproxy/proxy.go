@@ -19,12 +19,21 @@
 //     only on an explicit accept with approve = true; otherwise they are
 //     denied.
 //   - tools/list results: tools the roles can never call are left out.
+//   - answers: every request either side sends is kept, by id and
+//     method, until it is answered, and an answer is passed on only to
+//     the request it answers (a server's answer to a client's tools/list
+//     is filtered as that listing). A request whose id is already in
+//     flight from the same side, or whose id is null, is refused (the
+//     client gets an error, a server's is dropped); an answer to no
+//     request in flight is dropped. A listing's answer could otherwise be
+//     read as another request's and pass unfiltered.
 //   - batches (older protocol versions): each message is handled, and
 //     forwarded, on its own line.
 //
 // Every failure fails closed: a daemon that cannot be reached, a malformed
-// tools/call, or an approval that times out is a denial; a listing that
-// cannot be filtered lists no tools.
+// tools/call, an approval that times out or whose client is gone, or one
+// beyond MaxApprovals pending, is a denial; a listing that cannot be
+// filtered lists no tools; a request beyond MaxInFlight is refused.
 package mcpproxy
 
 import (
@@ -35,6 +44,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -64,6 +74,11 @@ type Options struct {
 	// (default 5 minutes); DecideTimeout bounds one decision (default 5 s).
 	ApprovalTimeout time.Duration
 	DecideTimeout   time.Duration
+	// ClientGone, when set, is called once the client's input has ended
+	// and the server's input is closed: the caller starts its own timer
+	// to stop the server (Run goes on relaying what the server still
+	// says until its output ends or ctx is done).
+	ClientGone func()
 }
 
 // MaxMessage bounds one message (a line) in either direction, and
@@ -74,6 +89,16 @@ const (
 	MaxValues  = 1 << 21
 )
 
+// MaxInFlight bounds the requests each side may have in flight (sent,
+// not yet answered); a client request beyond it is answered with an
+// error, a server's is answered so too. MaxApprovals bounds the approval
+// questions pending at once (each holds a call until the user answers):
+// a call that needs one beyond it is denied.
+const (
+	MaxInFlight  = 4096
+	MaxApprovals = 16
+)
+
 type proxy struct {
 	opts   Options
 	client *lockedWriter // to the client
@@ -81,10 +106,18 @@ type proxy struct {
 
 	elicit   atomic.Bool  // the client declared the elicitation capability
 	protocol atomic.Value // the protocol version the server agreed to (string)
-	initID   atomic.Value // the id of the client's initialize request (string)
 
-	mu        sync.Mutex
-	lists     map[string]bool                 // ids of tools/list requests in flight
+	// gone is closed when the client's input has ended: pending
+	// approvals are denied.
+	gone chan struct{}
+
+	mu sync.Mutex
+	// Requests in flight, by id as re-encoded -> method: the client's to
+	// the server (forwarded, or being decided) and the server's to the
+	// client. An answer is matched to exactly one of them and passed on
+	// as its answer.
+	toServer  map[string]string
+	toClient  map[string]string
 	approvals map[string]chan *jsonwire.Value // our elicitation ids -> answer
 	// pending approvals asked by an input_required result (protocol
 	// 2026-07-28, multi round-trip): requestState token -> the call it
@@ -172,15 +205,25 @@ func safeInteger(n string) bool {
 	return err == nil && v >= -(1<<53-1) && v <= 1<<53-1
 }
 
+// A request has a method and an id; a notification a method and no id;
+// an answer an id and no method. A method with id null is none of them:
+// it cannot be answered so that its answer is told apart from another's,
+// and is refused.
 func (m *message) isRequest() bool  { return m.method != "" && m.id != nil && string(m.id) != "null" }
 func (m *message) isResponse() bool { return m.method == "" && m.id != nil }
+func (m *message) nullID() bool     { return m.method != "" && string(m.id) == "null" }
 func (m *message) params() *jsonwire.Value {
 	return m.v.Get("params")
 }
 
-// Run relays until the server's output ends (it returns nil then) or the
-// client's input ends (it closes the server's input and returns once the
-// server's output ends, or ctx is done).
+// Run relays until the server's output ends (it returns nil then) or ctx
+// is done. When the client's input ends, pending approvals are denied,
+// calls being decided are answered, the server's input is closed and
+// Options.ClientGone is called; what the server still says is relayed
+// until its output ends or ctx is done. Run does not wait for a server
+// that ignores the end of its input: the caller stops it on a timer and
+// cancels ctx (a goroutine may then still be reading serverOut, or
+// clientIn, until the caller closes them or its process exits).
 func Run(ctx context.Context, opts Options, clientIn io.Reader, clientOut io.Writer, serverIn io.WriteCloser, serverOut io.Reader) error {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -191,36 +234,48 @@ func Run(ctx context.Context, opts Options, clientIn io.Reader, clientOut io.Wri
 	if opts.DecideTimeout == 0 {
 		opts.DecideTimeout = 5 * time.Second
 	}
-	p := &proxy{
-		opts: opts, client: &lockedWriter{w: clientOut}, server: &lockedWriter{w: serverIn},
-		lists: map[string]bool{}, approvals: map[string]chan *jsonwire.Value{}, asked: map[string]askedCall{},
-	}
+	p := newProxy(opts, clientOut, serverIn)
 	fromServer := make(chan error, 1)
 	go func() { fromServer <- p.serverLoop(ctx, serverOut) }()
 	fromClient := make(chan error, 1)
 	go func() {
 		err := p.clientLoop(ctx, clientIn)
-		// The client is gone: let calls being decided finish, then close
-		// the server's input so that it can end.
+		// The client is gone: pending approvals are denied, calls being
+		// decided are answered (each within DecideTimeout), then the
+		// server's input is closed so that it can end.
+		close(p.gone)
 		p.calls.Wait()
 		serverIn.Close()
+		if opts.ClientGone != nil {
+			opts.ClientGone()
+		}
 		fromClient <- err
 	}()
-	select {
-	case err := <-fromServer:
-		// The server has ended: so does the relay (a goroutine may still
-		// be blocked reading the client; the caller's process exits).
-		return err
-	case clientErr := <-fromClient:
+	var clientErr error
+	for {
 		select {
 		case err := <-fromServer:
+			// The server has ended: so does the relay (a goroutine may
+			// still be blocked reading the client; the caller's process
+			// exits).
 			if clientErr != nil {
 				return clientErr
 			}
 			return err
+		case clientErr = <-fromClient:
+			fromClient = nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+func newProxy(opts Options, clientOut, serverIn io.Writer) *proxy {
+	return &proxy{
+		opts: opts, client: &lockedWriter{w: clientOut}, server: &lockedWriter{w: serverIn},
+		gone:     make(chan struct{}),
+		toServer: map[string]string{}, toClient: map[string]string{},
+		approvals: map[string]chan *jsonwire.Value{}, asked: map[string]askedCall{},
 	}
 }
 
@@ -289,18 +344,33 @@ func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
 		p.mu.Lock()
 		ch, ours := p.approvals[string(m.id)]
 		delete(p.approvals, string(m.id))
+		_, asked := p.toClient[string(m.id)]
+		delete(p.toClient, string(m.id))
 		p.mu.Unlock()
-		if ours {
+		switch {
+		case ours:
 			ch <- v
 			return nil
+		case !asked:
+			// No request of the server's is waiting for it (or it was
+			// answered already): the server never reads it.
+			p.opts.Logger.Warn("client answer dropped: it answers no request in flight", "id", string(m.id))
+			return nil
 		}
+		return p.server.line(v.Bytes())
+	case m.nullID():
+		return p.refuse(fmt.Errorf("a request's id may not be null: its answer could not be told from another's"))
+	case m.isRequest():
+		if err := p.track(p.toServer, m); err != nil {
+			if errors.Is(err, errTooMany) {
+				return p.answerError(m.id, err)
+			}
+			return p.refuse(err)
+		}
+	}
+	switch {
 	case m.method == "initialize":
-		p.initID.Store(string(m.id))
 		p.elicit.Store(declared(m.params().Get("capabilities").Get("elicitation")))
-	case m.method == "tools/list" && m.isRequest():
-		p.mu.Lock()
-		p.lists[string(m.id)] = true
-		p.mu.Unlock()
 	case m.method == "tools/call":
 		if !m.isRequest() {
 			return nil // a call without an id gets no answer: nothing runs
@@ -313,6 +383,39 @@ func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
 		return nil
 	}
 	return p.server.line(v.Bytes())
+}
+
+var errTooMany = errors.New("too many requests in flight")
+
+// track records a request in flight in reqs (toServer or toClient): its id
+// must not be in flight already, and at most MaxInFlight may be.
+func (p *proxy) track(reqs map[string]string, m message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := reqs[string(m.id)]; dup {
+		return fmt.Errorf("id %s is already in flight: a request's id must differ from every other request's awaiting an answer", m.id)
+	}
+	if len(reqs) >= MaxInFlight {
+		return fmt.Errorf("%w: %d awaiting an answer, the most condfs relays", errTooMany, len(reqs))
+	}
+	reqs[string(m.id)] = m.method
+	return nil
+}
+
+// untrack ends a client request the proxy answers itself.
+func (p *proxy) untrack(id []byte) {
+	p.mu.Lock()
+	delete(p.toServer, string(id))
+	p.mu.Unlock()
+}
+
+// answerError answers a client request with a JSON-RPC error.
+func (p *proxy) answerError(id []byte, why error) error {
+	resp, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0", "id": json.RawMessage(id),
+		"error": map[string]any{"code": -32600, "message": "condfs: request refused, not forwarded: " + why.Error()},
+	})
+	return p.client.line(resp)
 }
 
 // declared reports whether a capability is declared (present, not null).
@@ -397,17 +500,21 @@ func (p *proxy) call(ctx context.Context, m message) {
 			p.askInResult(m.id, name, args, reasons)
 			return
 		}
-		if elicit && p.approved(ctx, name, args, reasons) {
-			// The user answered a question about the call as decided
-			// then; a switch or reload while they did may have denied it.
-			if now, why := p.decide(ctx, name, args); now != "allow" && now != "approval_required" {
-				p.deny(m.id, name, why)
-				return
-			}
-			p.server.line(m.v.Bytes())
+		if !elicit {
+			p.deny(m.id, name, []string{"approval required"})
 			return
 		}
-		p.deny(m.id, name, []string{"approval required"})
+		if ok, why := p.approved(ctx, name, args, reasons); !ok {
+			p.deny(m.id, name, []string{why})
+			return
+		}
+		// The user answered a question about the call as decided then; a
+		// switch or reload while they did may have denied it.
+		if now, why := p.decide(ctx, name, args); now != "allow" && now != "approval_required" {
+			p.deny(m.id, name, why)
+			return
+		}
+		p.server.line(m.v.Bytes())
 	default:
 		p.deny(m.id, name, reasons)
 	}
@@ -512,7 +619,13 @@ func (p *proxy) askInResult(id []byte, name string, args []byte, reasons []strin
 			delete(p.asked, k)
 		}
 	}
+	if len(p.asked) >= MaxInFlight {
+		p.mu.Unlock()
+		p.deny(id, name, []string{fmt.Sprintf("approval required, and %d approval questions are pending already, the most condfs keeps", MaxInFlight)})
+		return
+	}
 	p.asked[state] = askedCall{call: callHash(name, args), expires: now.Add(p.opts.ApprovalTimeout)}
+	delete(p.toServer, string(id))
 	p.mu.Unlock()
 	resp, _ := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "id": json.RawMessage(id),
@@ -546,8 +659,11 @@ func accepted(r *jsonwire.Value) bool {
 }
 
 // approved asks the client's user with an elicitation/create request
-// (protocols before 2026-07-28).
-func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons []string) bool {
+// (protocols before 2026-07-28); when it is not approved, it says why.
+// At most MaxApprovals questions are pending; each ends when the user
+// answers, the timeout passes, or the client is gone.
+func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons []string) (bool, string) {
+	const no = "approval required"
 	// An id no server can guess: a server's own request under the id of
 	// a pending question would have the user's answer to it approve the
 	// call (and such requests are dropped besides, see fromServer).
@@ -555,6 +671,10 @@ func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons 
 	rand.Read(tok[:])
 	id := fmt.Sprintf("%q", approvalIDPrefix+hex.EncodeToString(tok[:]))
 	p.mu.Lock()
+	if n := len(p.approvals); n >= MaxApprovals {
+		p.mu.Unlock()
+		return false, fmt.Sprintf("%s, and %d approval questions are pending already, the most condfs asks at once: answer them, then call again", no, n)
+	}
 	ch := make(chan *jsonwire.Value, 1)
 	p.approvals[id] = ch
 	p.mu.Unlock()
@@ -568,15 +688,19 @@ func (p *proxy) approved(ctx context.Context, name string, args []byte, reasons 
 		"params": approvalQuestion(name, args, reasons),
 	})
 	if err := p.client.line(req); err != nil {
-		return false
+		return false, no
 	}
+	timer := time.NewTimer(p.opts.ApprovalTimeout)
+	defer timer.Stop()
 	select {
 	case resp := <-ch:
-		return accepted(resp.Get("result"))
-	case <-time.After(p.opts.ApprovalTimeout):
-		return false
+		return accepted(resp.Get("result")), no
+	case <-timer.C:
+		return false, no + ", and the user gave no answer in time"
+	case <-p.gone:
+		return false, no + ", and the client is gone"
 	case <-ctx.Done():
-		return false
+		return false, no
 	}
 }
 
@@ -589,6 +713,7 @@ func (p *proxy) deny(id []byte, tool string, reasons []string) {
 	if len(reasons) > 0 {
 		text += ": " + strings.Join(reasons, "; ")
 	}
+	p.untrack(id)
 	resp, _ := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "id": json.RawMessage(id),
 		"result": map[string]any{
@@ -628,21 +753,38 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 		p.opts.Logger.Warn("server message dropped", "err", err)
 		return nil
 	}
-	if m.isRequest() && p.approvalID(m.id) {
+	switch {
+	case m.nullID():
+		p.opts.Logger.Warn("server request dropped: its id is null")
+		return nil
+	case m.isRequest() && p.approvalID(m.id):
 		p.opts.Logger.Warn("server request dropped: its id is in condfs's approval namespace", "id", string(m.id))
 		return nil
-	}
-	if m.isResponse() {
-		if id, _ := p.initID.Load().(string); id != "" && id == string(m.id) {
+	case m.isRequest():
+		if err := p.track(p.toClient, m); err != nil {
+			p.opts.Logger.Warn("server request dropped", "id", string(m.id), "err", err)
+			return nil
+		}
+	case m.isResponse():
+		p.mu.Lock()
+		method, asked := p.toServer[string(m.id)]
+		delete(p.toServer, string(m.id))
+		p.mu.Unlock()
+		if !asked {
+			// An answer the client never asked for, or a second one: it
+			// could be read as the answer to a request of the same id
+			// made later (a listing, unfiltered).
+			p.opts.Logger.Warn("server answer dropped: it answers no request in flight", "id", string(m.id))
+			return nil
+		}
+		switch method {
+		case "initialize":
 			version, _ := v.Get("result").Get("protocolVersion").Text()
 			p.protocol.Store(version)
-		}
-		p.mu.Lock()
-		isList := p.lists[string(m.id)]
-		delete(p.lists, string(m.id))
-		p.mu.Unlock()
-		if isList && v.Get("result") != nil {
-			p.filterList(ctx, v)
+		case "tools/list":
+			if v.Get("result") != nil {
+				p.filterList(ctx, v)
+			}
 		}
 	}
 	return p.client.line(v.Bytes())

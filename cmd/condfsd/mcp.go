@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -59,29 +60,59 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	server := exec.Command(cmdArgs[0], cmdArgs[1:]...)
 	server.Stderr = stderr
+	// The server dies with the gateway, however the gateway ends (SIGKILL
+	// included): a parent-death signal, which startServer keeps tied to
+	// the gateway's life.
+	server.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	sin, err := server.StdinPipe()
 	if err != nil {
-		return err
+		return fmt.Errorf("the server's input: %w", err)
 	}
-	sout, err := server.StdoutPipe()
+	// The server's output is a pipe of ours, not StdoutPipe's: Wait must
+	// not close it while what the server wrote before it exited is still
+	// being relayed.
+	sout, soutW, err := os.Pipe()
 	if err != nil {
-		return err
+		return fmt.Errorf("the server's output: %w", err)
 	}
-	if err := server.Start(); err != nil {
+	defer sout.Close()
+	server.Stdout = soutW
+	exited, err := startServer(server)
+	soutW.Close()
+	if err != nil {
 		fmt.Fprintf(stderr, "condfs mcp proxy: start %s: %v\n", cmdArgs[0], err)
 		return cli.Exit(cli.ExitFail)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var stopping sync.Once
+	stopIt := func() { stopping.Do(func() { go stopServer(server, exited.done, *grace) }) }
+	go func() {
+		// Once the server has exited, what it wrote is relayed for at most
+		// grace more (a process it left behind may hold its output open).
+		<-exited.done
+		select {
+		case <-time.After(*grace):
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	}()
 	d := &socketDecider{socket: *socket, session: *session, atoms: ctxAtoms, roles: *roles}
 	defer d.close()
-	runErr := mcpproxy.Run(ctx, mcpproxy.Options{Decider: d, Logger: logger}, os.Stdin, stdout, sin, sout)
-	werr := stopServer(server, *grace)
+	// When the client is gone, the server's input is closed and the grace
+	// steps start: nothing waits for a server that ignores the end of its
+	// input.
+	opts := mcpproxy.Options{Decider: d, Logger: logger, ClientGone: stopIt}
+	runErr := mcpproxy.Run(runCtx, opts, os.Stdin, stdout, sin, sout)
+	stopIt()
+	<-exited.done
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
 		logger.Warn("relay ended", "err", runErr)
 	}
 	var ee *exec.ExitError
-	if errors.As(werr, &ee) {
+	if errors.As(exited.err, &ee) {
 		if code := ee.ExitCode(); code > 0 {
 			return cli.Exit(code)
 		}
@@ -90,25 +121,53 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	return nil
 }
 
+// serverExit is closed (done) once the server has exited, with err its
+// Wait's.
+type serverExit struct {
+	done chan struct{}
+	err  error
+}
+
+// startServer starts the server from a goroutine locked to its OS thread
+// until the server has exited. A parent-death signal fires when the
+// thread that forked the child exits, not the process: the Go runtime
+// ends a thread whose goroutine exits locked (as acting as another user
+// does elsewhere), and would kill the server at random; this thread lives
+// while the server does, then is unlocked and kept.
+func startServer(server *exec.Cmd) (*serverExit, error) {
+	exited := &serverExit{done: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := server.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited.err = server.Wait()
+		close(exited.done)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
+}
+
 // stopServer ends the server once the relay has: its output has ended, or
 // the client went away (its input is closed now). It gets grace to exit,
 // then SIGTERM and grace again, then SIGKILL.
-func stopServer(server *exec.Cmd, grace time.Duration) error {
-	waited := make(chan error, 1)
-	go func() { waited <- server.Wait() }()
-	select {
-	case err := <-waited:
-		return err
-	case <-time.After(grace):
+func stopServer(server *exec.Cmd, exited <-chan struct{}, grace time.Duration) {
+	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t := time.NewTimer(grace)
+		select {
+		case <-exited:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		server.Process.Signal(sig)
 	}
-	server.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-waited:
-		return err
-	case <-time.After(grace):
-	}
-	server.Process.Kill()
-	return <-waited
 }
 
 // socketDecider decides through the daemon, over one connection (made

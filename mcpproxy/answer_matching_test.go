@@ -1,0 +1,137 @@
+package mcpproxy_test
+
+// An answer is passed on only to the request it answers: the promise
+// that tools/list shows only what the session can call rests on it.
+// Through the real gateway, a real daemon and a Python server.
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/condfs/condfs/mcpproxy"
+)
+
+// noSecret fails if a listing of the denied tool reached the client.
+func noSecret(t *testing.T, got []string, what string) {
+	t.Helper()
+	for _, l := range got {
+		if strings.Contains(l, `"secret"`) {
+			t.Errorf("%s: the client got a listing of a tool the policy denies: %s", what, l)
+		}
+	}
+}
+
+func refusedWith(got []string, why string) bool {
+	for _, l := range got {
+		if strings.Contains(l, `"error"`) && strings.Contains(l, why) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestDuplicateListingIdRefused: a second tools/list under the id of one
+// in flight is refused; the first is answered filtered.
+func TestDuplicateListingIdRefused(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	g.send(`{"jsonrpc":"2.0","id":30,"method":"tools/list"}`, `{"jsonrpc":"2.0","id":30,"method":"tools/list"}`)
+	got := g.collect(1500 * time.Millisecond)
+	noSecret(t, got, "two tools/list under id 30")
+	if !refusedWith(got, "already in flight") {
+		t.Errorf("the second request under id 30 was not refused: %q", got)
+	}
+}
+
+// TestSharedRequestIdRefused: a request under the id of another in flight
+// is refused whatever either asks (a ping's answer took the listing's
+// filter, and the listing passed unfiltered).
+func TestSharedRequestIdRefused(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	g.send(`{"jsonrpc":"2.0","id":31,"method":"ping"}`, `{"jsonrpc":"2.0","id":31,"method":"tools/list"}`)
+	got := g.collect(1500 * time.Millisecond)
+	noSecret(t, got, "a ping and a tools/list under id 31")
+	if !refusedWith(got, "already in flight") {
+		t.Errorf("the tools/list under the ping's id was not refused: %q", got)
+	}
+	g.send(`{"jsonrpc":"2.0","id":32,"method":"tools/call","params":{"name":"t03","arguments":{}}}`, `{"jsonrpc":"2.0","id":32,"method":"tools/list"}`)
+	got = g.collect(1500 * time.Millisecond)
+	noSecret(t, got, "a tools/call and a tools/list under id 32")
+	if !refusedWith(got, "already in flight") {
+		t.Errorf("the tools/list under the call's id was not refused: %q", got)
+	}
+}
+
+// TestNullIdRequestRefused: a request with id null is refused, never
+// forwarded (its answer, id null too, passed unfiltered).
+func TestNullIdRequestRefused(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	g.send(`{"jsonrpc":"2.0","id":null,"method":"tools/list"}`)
+	got := g.collect(1500 * time.Millisecond)
+	noSecret(t, got, "a tools/list with id null")
+	if !refusedWith(got, "may not be null") {
+		t.Errorf("a tools/list with id null was not refused: %q", got)
+	}
+	if strings.Contains(g.received(), `"id": null`) || strings.Contains(g.received(), `"id":null`) {
+		t.Errorf("the server got the request with id null: %s", g.received())
+	}
+}
+
+// TestUnaskedServerAnswerDropped: an answer from the server to no request
+// in flight (never asked, or asked and answered already) never reaches the
+// client.
+func TestUnaskedServerAnswerDropped(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	// The server answers a request nobody made.
+	g.send(`{"jsonrpc":"2.0","id":33,"method":"tools/call","params":{"name":"t03","arguments":{"say":[{"jsonrpc":"2.0","id":77,"result":{"tools":[{"name":"secret","inputSchema":{"type":"object"}}]}}]}}}`)
+	got := g.collect(1500 * time.Millisecond)
+	noSecret(t, got, "an answer to id 77, never asked")
+	if !strings.Contains(strings.Join(got, "\n"), `"id":33`) {
+		t.Errorf("the call's own answer did not come: %q", got)
+	}
+	// A server that answers a listing twice: the second answer is not the
+	// listing's (it was answered), and could be read as a later request's.
+	g2 := startGateway(t, serve(t), []string{"ANSWER_TWICE=1"})
+	g2.send(`{"jsonrpc":"2.0","id":34,"method":"tools/list"}`)
+	got = g2.collect(1500 * time.Millisecond)
+	noSecret(t, got, "a listing answered twice")
+	if n := strings.Count(strings.Join(got, "\n"), `"id":34`); n != 1 {
+		t.Errorf("the client got %d answers to id 34: %q", n, got)
+	}
+}
+
+// TestServerRequestAnsweredOnce: the server's requests to the client are
+// kept by id too: one under an id in flight is dropped, and the client's
+// answer reaches the server only for a request it made, once.
+func TestServerRequestAnsweredOnce(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	ask := `{"jsonrpc":"2.0","id":"r1","method":"roots/list"}`
+	g.send(`{"jsonrpc":"2.0","id":35,"method":"tools/call","params":{"name":"t03","arguments":{"say":[` + ask + `,` + ask + `]}}}`)
+	got := strings.Join(g.collect(1500*time.Millisecond), "\n")
+	if n := strings.Count(got, `"id":"r1"`); n != 1 {
+		t.Errorf("the client got the server's request r1 %d times: %s", n, got)
+	}
+	answer := `{"jsonrpc":"2.0","id":"%s","result":{"roots":[]}}`
+	g.send(fmt.Sprintf(answer, "r1"), fmt.Sprintf(answer, "r1"), fmt.Sprintf(answer, "r9"))
+	time.Sleep(500 * time.Millisecond)
+	recv := g.received()
+	if n := strings.Count(recv, `"roots":[]`); n != 1 || strings.Contains(recv, `"r9"`) {
+		t.Errorf("the server got %d answers (want the one to r1, once): %s", n, recv)
+	}
+}
+
+// TestRequestsInFlightBounded: at most MaxInFlight of the client's
+// requests await an answer; one beyond is answered with an error.
+func TestRequestsInFlightBounded(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	lines := make([]string, mcpproxy.MaxInFlight+1)
+	for i := range lines {
+		lines[i] = fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"hang"}`, 1000+i)
+	}
+	g.send(lines...)
+	got := g.collect(2 * time.Second)
+	if len(got) != 1 || !strings.Contains(got[0], fmt.Sprintf(`"id":%d`, 1000+mcpproxy.MaxInFlight)) || !strings.Contains(got[0], "too many requests in flight") {
+		t.Errorf("%d requests that are never answered: the client got %.300q", len(lines), got)
+	}
+}

@@ -1,0 +1,118 @@
+package mcpproxy_test
+
+// The gateway does not outlive its client, and its server does not
+// outlive the gateway. Through the real gateway and a Python server.
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/condfs/condfs/mcpproxy"
+)
+
+// alive reports whether pid runs (a zombie has ended).
+func alive(pid string) bool {
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+func serverPid(t *testing.T, g *gateway) string {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		if pid, err := os.ReadFile(g.pid); err == nil && len(pid) > 0 {
+			return string(pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the server wrote no pid")
+	return ""
+}
+
+// TestGatewayEndsWhenClientCloses: with --grace 300ms and a server that
+// ignores the end of its input and SIGTERM, the gateway ends within the
+// grace steps (grace, SIGTERM, grace, SIGKILL) of the client closing its
+// input, and the server with it.
+func TestGatewayEndsWhenClientCloses(t *testing.T) {
+	g := startGateway(t, serve(t), []string{"IGNORE_EOF=1", "IGNORE_TERM=1"}, "--grace", "300ms")
+	pid := serverPid(t, g)
+	start := time.Now()
+	g.in.Close()
+	if !g.exited(5 * time.Second) {
+		t.Fatalf("the gateway still runs %v after its client closed its input (--grace 300ms)", time.Since(start))
+	}
+	t.Logf("the gateway ended %v after its client closed its input", time.Since(start))
+	if alive(pid) {
+		t.Errorf("the server (pid %s) outlived the gateway", pid)
+	}
+}
+
+// TestPendingApprovalDeniedWhenClientCloses: the client closes its input
+// while an approval question is pending: the call is answered denied at
+// once, and the gateway ends.
+func TestPendingApprovalDeniedWhenClientCloses(t *testing.T) {
+	g := startGateway(t, serve(t), nil, "--grace", "300ms")
+	g.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ask","arguments":{}}}`)
+	if q := atkNext(t, g.out, 5*time.Second, "the approval question"); !strings.Contains(q, "elicitation/create") {
+		t.Fatalf("expected condfs's question, got %s", q)
+	}
+	start := time.Now()
+	g.in.Close()
+	if got := atkNext(t, g.out, 5*time.Second, "the call's answer"); !strings.Contains(got, `"id":1`) || !strings.Contains(got, "client is gone") {
+		t.Errorf("the pending call was answered %s", got)
+	}
+	if !g.exited(5 * time.Second) {
+		t.Fatalf("the gateway still runs %v after its client closed its input, a question pending", time.Since(start))
+	}
+	t.Logf("the gateway ended %v after its client closed its input", time.Since(start))
+	if strings.Contains(g.received(), `"tools/call"`) {
+		t.Errorf("the call reached the server: %s", g.received())
+	}
+}
+
+// TestServerDiesWithGateway: a gateway killed with SIGKILL takes its
+// server with it (a parent-death signal).
+func TestServerDiesWithGateway(t *testing.T) {
+	// A server that would not end on the end of its input.
+	g := startGateway(t, serve(t), []string{"IGNORE_EOF=1", "IGNORE_TERM=1"})
+	pid := serverPid(t, g)
+	g.cmd.Process.Signal(syscall.SIGKILL)
+	<-g.done
+	for i := 0; i < 200 && alive(pid); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(pid) {
+		t.Errorf("the server (pid %s) runs on after its gateway was killed", pid)
+	}
+}
+
+// TestApprovalsInFlightBounded: at most MaxApprovals questions are pending;
+// a call that needs one beyond is denied, saying why.
+func TestApprovalsInFlightBounded(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	lines := make([]string, mcpproxy.MaxApprovals+1)
+	for i := range lines {
+		lines[i] = fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"ask","arguments":{"n":%d}}}`, i+1, i)
+	}
+	g.send(lines...)
+	got := g.collect(3 * time.Second)
+	questions, denied := 0, 0
+	for _, l := range got {
+		switch {
+		case strings.Contains(l, "elicitation/create"):
+			questions++
+		case strings.Contains(l, "pending already"):
+			denied++
+		}
+	}
+	if questions != mcpproxy.MaxApprovals || denied != 1 {
+		t.Errorf("%d calls that need approval: %d questions asked, %d denied as too many (want %d and 1)", len(lines), questions, denied, mcpproxy.MaxApprovals)
+	}
+}

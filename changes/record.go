@@ -3,6 +3,7 @@ package changes
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -129,8 +130,8 @@ func (s *Store) appendRec(r record) error {
 		return fmt.Errorf("changes: %w", err)
 	}
 	data = append(data, '\n')
-	if s.bytes+int64(len(data)) > s.opts.MaxBytes && r.K != kindAfter {
-		return fmt.Errorf("changes: %d bytes held, max_bytes %d: %w", s.bytes, s.opts.MaxBytes, unix.ENOSPC)
+	if s.bytes.Load()+int64(len(data)) > s.opts.MaxBytes && r.K != kindAfter {
+		return fmt.Errorf("changes: %d bytes held, max_bytes %d: %w", s.bytes.Load(), s.opts.MaxBytes, unix.ENOSPC)
 	}
 	n, err := unix.Write(s.logFD, data)
 	if err == nil && n != len(data) {
@@ -139,7 +140,7 @@ func (s *Store) appendRec(r record) error {
 	if err != nil {
 		return fmt.Errorf("changes: append: %w", err)
 	}
-	s.bytes += int64(n)
+	s.bytes.Add(int64(n))
 	s.sizes[s.meta.Checkpoints[len(s.meta.Checkpoints)-1].Log] += int64(n)
 	return nil
 }
@@ -212,13 +213,15 @@ func (s *Store) Before(space, p string) error {
 		return nil
 	}
 	r, err := s.snapshot(space, p)
-	if err != nil {
-		return err
-	}
-	if err := s.appendRec(r); err != nil {
-		if r.Blob != "" {
+	if err == nil {
+		if err = s.appendRec(r); err != nil && r.Blob != "" {
 			unix.Unlinkat(s.blobs, r.Blob, 0)
-			s.bytes -= int64(r.St.Size)
+			s.bytes.Add(-(int64(r.St.Size)))
+		}
+	}
+	if err != nil {
+		if errors.Is(err, unix.ENOSPC) && s.opts.OnLimit != nil {
+			s.opts.OnLimit(space, p)
 		}
 		return err
 	}
@@ -259,7 +262,7 @@ func (s *Store) snapshot(space, p string) (record, error) {
 			return r, fmt.Errorf("changes: %w", err)
 		}
 	case "f":
-		if s.bytes+int64(r.St.Size) > s.opts.MaxBytes {
+		if s.bytes.Load()+int64(r.St.Size) > s.opts.MaxBytes {
 			return r, fmt.Errorf("changes: %s%s (%d bytes) would take the session past max_bytes %d: %w", space, p, r.St.Size, s.opts.MaxBytes, unix.ENOSPC)
 		}
 		// Opened as the caller (the thread's credentials), read as the
@@ -274,7 +277,7 @@ func (s *Store) snapshot(space, p string) (record, error) {
 			return r, err
 		}
 		s.blobN++
-		s.bytes += int64(r.St.Size)
+		s.bytes.Add(int64(r.St.Size))
 		r.Blob = name
 	}
 	return r, nil

@@ -447,6 +447,7 @@ func (s *Store) finishRollback(idx int, done map[key]bool) error {
 	}
 	s.logN++
 	s.meta = m
+	s.cps.Store(int32(len(m.Checkpoints)))
 	unix.Close(s.logFD)
 	s.logFD = fd
 	s.sizes[logName] = 0

@@ -58,6 +58,8 @@ type Options struct {
 	// the checkpoints kept (default 64; creating one more drops the oldest).
 	MaxBytes       int64
 	MaxCheckpoints int
+	// OnLimit, if set, is told of each change refused beyond MaxBytes.
+	OnLimit func(space, path string)
 }
 
 // Errors callers map to their own codes.
@@ -125,7 +127,8 @@ type Store struct {
 	intent *record               // the rename Moved announced, until Renamed
 	after  map[key]state         // what the session left each path as
 	counts []map[key]bool        // per checkpoint, the paths its log records
-	bytes  int64                 // logs and blobs
+	bytes  atomic.Int64          // logs and blobs (read without mu by Use)
+	cps    atomic.Int32          // len(meta.Checkpoints), for Use
 	blobN  int                   // the last blob number used
 	logN   int                   // the last log number used
 	sizes  map[string]int64      // each log's size, by file name
@@ -238,7 +241,7 @@ func (s *Store) load() error {
 			return err
 		}
 		s.sizes[cp.Log] = size
-		s.bytes += size
+		s.bytes.Add(size)
 		paths := map[key]bool{}
 		br := blobRecord{}
 		if i == len(s.meta.Checkpoints)-1 {
@@ -255,7 +258,7 @@ func (s *Store) load() error {
 					blobs[r.Blob] = true
 					br.names = append(br.names, r.Blob)
 					br.size += int64(r.St.Size)
-					s.bytes += int64(r.St.Size)
+					s.bytes.Add(int64(r.St.Size))
 				}
 				if i == len(s.meta.Checkpoints)-1 {
 					s.seen[k] = true
@@ -294,6 +297,7 @@ func (s *Store) load() error {
 			}
 		}
 	}
+	s.cps.Store(int32(len(s.meta.Checkpoints)))
 	if n := len(s.meta.Checkpoints); n > 0 {
 		fd, err := safepath.Beneath(s.dirfd, s.meta.Checkpoints[n-1].Log, unix.O_WRONLY|unix.O_APPEND, 0)
 		if err != nil {
@@ -410,6 +414,7 @@ func (s *Store) Create(name string, now time.Time) (cp Checkpoint, dropped *Chec
 	}
 	s.logN++
 	s.meta = m
+	s.cps.Store(int32(len(m.Checkpoints)))
 	if s.logFD >= 0 {
 		unix.Close(s.logFD)
 	}
@@ -433,7 +438,7 @@ func (s *Store) dropLog(name string) {
 	for _, b := range s.blobOf[name].names {
 		unix.Unlinkat(s.blobs, b, 0)
 	}
-	s.bytes -= s.blobOf[name].size + s.sizes[name]
+	s.bytes.Add(-(s.blobOf[name].size + s.sizes[name]))
 	delete(s.blobOf, name)
 	delete(s.sizes, name)
 	unix.Unlinkat(s.dirfd, name, 0)
@@ -450,11 +455,9 @@ func (s *Store) List() []Checkpoint {
 	return out
 }
 
-// Use gives what the store holds.
+// Use gives what the store holds, without waiting for a rollback.
 func (s *Store) Use() Use {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Use{Checkpoints: len(s.meta.Checkpoints), Bytes: s.bytes, MaxBytes: s.opts.MaxBytes}
+	return Use{Checkpoints: int(s.cps.Load()), Bytes: s.bytes.Load(), MaxBytes: s.opts.MaxBytes}
 }
 
 // find gives the index of the checkpoint ref names (an id or a name).

@@ -56,6 +56,13 @@ const (
 	// exists nowhere (127). Every other error of run exits 125.
 	CodeRunDenied   = -32020
 	CodeRunNotFound = -32021
+	// CodeUncommitted: a staged session with uncommitted changes was
+	// asked to close; CodeUnknownCheckpoint: no such checkpoint in the
+	// session; CodeNotStaged: commit or discard of a session that is not
+	// staged (docs/changes.md).
+	CodeUncommitted       = -32030
+	CodeUnknownCheckpoint = -32031
+	CodeNotStaged         = -32032
 )
 
 type peerKey struct{}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/acl"
+	"github.com/condfs/condfs/changes"
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
@@ -138,6 +139,8 @@ type session struct {
 	egress    *egress.Share // its runs' egress connections together (egress.go)
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
+
+	changes *changes.Store // its checkpoints (changes.go); nil: none
 }
 
 // validSessionID: 1 to 64 of A-Z a-z 0-9 _ . - (a regexp with {1,64}
@@ -369,6 +372,7 @@ type openRequest struct {
 	atoms     cctx.Set
 	owner     uint32   // the uid the view serves
 	allowUIDs []uint32 // other uids let in
+	restored  bool     // from the state directory: its checkpoints are kept
 }
 
 // privileged reports whether a peer may act for others: root and the
@@ -416,6 +420,7 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())
 	d.mu.Unlock()
 	d.saveSession(s, r.atoms)
+	d.openChanges(s, r.restored)
 	d.mu.Lock()
 	return v, nil
 }
@@ -435,6 +440,7 @@ func (d *Daemon) closeSession(id string) error {
 	s.runs.closeAll()
 	d.warm.drop(&s.runs) // it holds a clone of the view
 	err := s.view.Unmount()
+	d.closeChanges(s, !d.closing.Load())
 	d.log.Info("session closed", "session", id, "err", err)
 	d.denials.forget(id)
 	d.dropSession(s, !d.closing.Load())
@@ -606,6 +612,8 @@ type sessionInfo struct {
 	Owner       uint32   `json:"owner"`
 	Atoms       []string `json:"atoms"`
 	DaemonReads int64    `json:"daemon_reads"`
+	// Changes is what its checkpoints hold (changes.go).
+	Changes *changes.Use `json:"changes,omitempty"`
 }
 
 func (d *Daemon) sessionList(ctx context.Context) []sessionInfo {
@@ -617,7 +625,7 @@ func (d *Daemon) sessionList(ctx context.Context) []sessionInfo {
 		if s.view == nil || (known && !privileged(peer) && peer != s.owner) {
 			continue
 		}
-		out = append(out, sessionInfo{ID: s.id, Mount: s.mount, Owner: s.owner, Atoms: s.view.Context().Atoms(), DaemonReads: s.view.DaemonReads()})
+		out = append(out, sessionInfo{ID: s.id, Mount: s.mount, Owner: s.owner, Atoms: s.view.Context().Atoms(), DaemonReads: s.view.DaemonReads(), Changes: changesUse(s)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -651,6 +659,13 @@ var methodTable = map[string]methodFunc{
 	"tools.callable": (*Daemon).mToolsCallable,
 	"config.reload":  (*Daemon).mConfigReload,
 	"status":         (*Daemon).mStatus,
+	// checkpoints and rollback (changes.go)
+	"checkpoint.create":   (*Daemon).mCheckpointCreate,
+	"checkpoint.list":     (*Daemon).mCheckpointList,
+	"checkpoint.rollback": (*Daemon).mCheckpointRollback,
+	"changes.diff":        (*Daemon).mChangesDiff,
+	"changes.commit":      (*Daemon).mChangesStagedOnly,
+	"changes.discard":     (*Daemon).mChangesStagedOnly,
 }
 
 func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessage) (any, *control.Error) {
@@ -672,9 +687,13 @@ func (d *Daemon) mSessionOpen(ctx context.Context, params json.RawMessage) (any,
 		Context   json.RawMessage `json:"context"`
 		Owner     *uint32         `json:"owner"`
 		AllowUIDs []uint32        `json:"allow_uids"`
+		Changes   string          `json:"changes"`
 	}
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
+	}
+	if cerr := d.changesMode(p.Changes); cerr != nil {
+		return nil, cerr
 	}
 	set, err := cctx.Parse(p.Context)
 	if err != nil {
@@ -703,6 +722,9 @@ func (d *Daemon) mSessionOpen(ctx context.Context, params json.RawMessage) (any,
 func (d *Daemon) mSessionClose(ctx context.Context, params json.RawMessage) (any, *control.Error) {
 	var p struct {
 		ID string `json:"id"`
+		// Discard drops a staged session's uncommitted changes; a
+		// direct session has none.
+		Discard bool `json:"discard"`
 	}
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err

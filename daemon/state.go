@@ -163,7 +163,7 @@ func (d *Daemon) restoreState() {
 			d.restoreErrors = append(d.restoreErrors, fmt.Sprintf("session %s: context %v: %v", s.ID, s.Atoms, err))
 			continue
 		}
-		if _, cerr := d.OpenSession(openRequest{peer: s.Peer, id: s.ID, mount: s.Mount, atoms: atoms, owner: s.Owner, allowUIDs: s.AllowUIDs}); cerr != nil {
+		if _, cerr := d.OpenSession(openRequest{peer: s.Peer, id: s.ID, mount: s.Mount, atoms: atoms, owner: s.Owner, allowUIDs: s.AllowUIDs, restored: true}); cerr != nil {
 			d.restoreErrors = append(d.restoreErrors, fmt.Sprintf("session %s on %s: %s", s.ID, s.Mount, cerr.Message))
 			d.log.Error("restore session", "session", s.ID, "mount", s.Mount, "err", cerr.Message)
 			os.Remove(p) // reported once; a later start does not retry it

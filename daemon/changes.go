@@ -1,0 +1,252 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"time"
+
+	"github.com/condfs/condfs/acl"
+	"github.com/condfs/condfs/changes"
+	"github.com/condfs/condfs/control"
+)
+
+// Checkpoints and rollback of direct sessions (docs/changes.md). Each
+// session has an undo store, STATE_DIR/changes/ID, given to its view as
+// its change recorder: kept across a crash or a stop (the session comes
+// back with it), removed when a client closes the session. A daemon
+// without a state directory keeps none: checkpoint.create says so.
+
+// changesMode checks session.open's changes param: "" and "direct" open a
+// direct session; "staged" is refused until staged sessions exist.
+func (d *Daemon) changesMode(mode string) *control.Error {
+	if mode == "" {
+		mode = d.conditions.Load().Changes().Mode()
+	}
+	switch mode {
+	case "direct":
+		return nil
+	case "staged":
+		return control.Errorf(control.CodeInvalidParams, "changes %q: staged sessions are not available yet (docs/changes.md); open a direct session and use checkpoints", mode)
+	}
+	return control.Errorf(control.CodeInvalidParams, "changes %q: want \"direct\" or \"staged\"", mode)
+}
+
+// openChanges opens s's undo store (emptied unless restored) and makes it
+// its view's recorder. A store that cannot be opened leaves the session
+// without checkpoints, and says so in the log and at checkpoint.create.
+func (d *Daemon) openChanges(s *session, restored bool) {
+	if d.cfg.StateDir == "" || s.view == nil {
+		return
+	}
+	cfg := d.conditions.Load().Changes()
+	roots := map[string]string{}
+	if d.cfg.Memories != "" {
+		roots["memories"] = d.cfg.Memories
+	}
+	if d.cfg.Workspace != "" {
+		roots["workspace"] = d.cfg.Workspace
+	}
+	id, atoms := s.id, s.view.Context
+	st, err := changes.Open(changes.Options{
+		Dir: filepath.Join(d.cfg.StateDir, "changes", s.id), Fresh: !restored, Roots: roots,
+		MaxBytes: cfg.MaxBytes(), MaxCheckpoints: cfg.MaxCheckpoints(),
+		OnLimit: func(space, path string) {
+			d.metrics.Change("enospc", 1)
+			d.audit.Info("changes", "kind", "changes", "session", id, "atoms", atoms().Atoms(), "op", "enospc",
+				"space", space, "path", clip(path), "max_bytes", cfg.MaxBytes())
+		},
+	})
+	if err != nil {
+		d.log.Error("session changes: no checkpoints for this session", "session", s.id, "err", err)
+		return
+	}
+	s.changes = st
+	s.view.SetChanges(st)
+}
+
+// closeChanges ends s's store: removed when a client closed the session,
+// kept when the daemon stops.
+func (d *Daemon) closeChanges(s *session, remove bool) {
+	if s.changes == nil {
+		return
+	}
+	s.view.SetChanges(nil)
+	var err error
+	if remove {
+		err = s.changes.Remove()
+	} else {
+		err = s.changes.Close()
+	}
+	if err != nil {
+		d.log.Warn("session changes", "session", s.id, "err", err)
+	}
+}
+
+// changesOf finds a session and its store for a peer.
+func (d *Daemon) changesOf(ctx context.Context, id string) (*session, *changes.Store, *control.Error) {
+	s, cerr := d.session(ctx, id)
+	if cerr != nil {
+		return nil, nil, cerr
+	}
+	if s.changes == nil {
+		return nil, nil, control.Errorf(control.CodeInternal, "session %q keeps no checkpoints: the daemon has no state directory (--state-dir), or its store failed to open (see the daemon's log)", id)
+	}
+	return s, s.changes, nil
+}
+
+func changesError(err error) *control.Error {
+	switch {
+	case errors.Is(err, changes.ErrUnknownCheckpoint):
+		return control.Errorf(control.CodeUnknownCheckpoint, "%v (checkpoint.list names them)", err)
+	case errors.Is(err, changes.ErrBadName):
+		return control.Errorf(control.CodeInvalidParams, "%v", err)
+	}
+	return control.Errorf(control.CodeInternal, "%v", err)
+}
+
+func (d *Daemon) mCheckpointCreate(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string `json:"session"`
+		Name    string `json:"name"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Name != "" && !changes.ValidName(p.Name) {
+		return nil, control.Errorf(control.CodeInvalidParams, "name %q: use 1 to 64 of A-Z a-z 0-9 _ . -", p.Name)
+	}
+	s, st, cerr := d.changesOf(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	cp, dropped, err := st.Create(p.Name, time.Now())
+	if err != nil {
+		return nil, changesError(err)
+	}
+	atoms := s.view.Context().Atoms()
+	d.metrics.Change("checkpoint", 1)
+	d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", atoms, "op", "checkpoint", "checkpoint", cp.ID, "name", cp.Name)
+	if dropped != nil {
+		d.metrics.Change("dropped", 1)
+		d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", atoms, "op", "dropped", "checkpoint", dropped.ID,
+			"name", dropped.Name, "changes", dropped.Changes, "reason", "max_checkpoints")
+	}
+	return map[string]any{"id": cp.ID, "name": cp.Name, "created": cp.Created.Format(time.RFC3339)}, nil
+}
+
+func (d *Daemon) mCheckpointList(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string `json:"session"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	_, st, cerr := d.changesOf(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	type item struct {
+		ID      string `json:"id"`
+		Name    string `json:"name"`
+		Created string `json:"created"`
+		Changes int    `json:"changes"`
+	}
+	out := []item{}
+	for _, c := range st.List() {
+		out = append(out, item{c.ID, c.Name, c.Created.Format(time.RFC3339), c.Changes})
+	}
+	return map[string]any{"checkpoints": out}, nil
+}
+
+func (d *Daemon) mCheckpointRollback(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session    string `json:"session"`
+		Checkpoint string `json:"checkpoint"`
+		Force      bool   `json:"force"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if p.Checkpoint == "" {
+		return nil, control.Errorf(control.CodeInvalidParams, "checkpoint is required (an id or a name from checkpoint.list)")
+	}
+	s, st, cerr := d.changesOf(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	res, err := st.Rollback(p.Checkpoint, p.Force)
+	if err != nil && res.Restored == 0 && len(res.Conflicts) == 0 {
+		return nil, changesError(err)
+	}
+	d.metrics.Change("rollback", 1)
+	d.metrics.Change("conflict", len(res.Conflicts))
+	conflicts := make([]string, 0, len(res.Conflicts))
+	for _, c := range res.Conflicts {
+		conflicts = append(conflicts, clip(c.Space+c.Path))
+	}
+	d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", s.view.Context().Atoms(), "op", "rollback",
+		"checkpoint", p.Checkpoint, "force", p.Force, "restored", res.Restored, "conflicts", clipAll(conflicts))
+	if err != nil {
+		// The tree is restored; what failed is dropping the later logs:
+		// running the rollback again finishes it.
+		return nil, control.Errorf(control.CodeInternal, "rollback restored %d paths but could not finish (run it again): %v", res.Restored, err)
+	}
+	return res, nil
+}
+
+func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string `json:"session"`
+		Since   string `json:"since"`
+		Content bool   `json:"content"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	s, st, cerr := d.changesOf(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	cfg, atoms := d.conditions.Load(), s.view.Context()
+	visible := func(space, path string) bool {
+		sp, err := acl.ParseSpace(space)
+		if err != nil {
+			return false
+		}
+		vis, _ := cfg.Visible(sp, path, atoms)
+		return vis
+	}
+	list, hidden, err := st.Diff(p.Since, p.Content, visible)
+	if err != nil {
+		return nil, changesError(err)
+	}
+	return map[string]any{"changes": list, "hidden": hidden}, nil
+}
+
+// mChangesStagedOnly answers commit and discard: only staged sessions
+// have changes held back, and none is staged yet.
+func (d *Daemon) mChangesStagedOnly(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string   `json:"session"`
+		Paths   []string `json:"paths"`
+		Force   bool     `json:"force"`
+	}
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	if _, cerr := d.session(ctx, p.Session); cerr != nil {
+		return nil, cerr
+	}
+	return nil, control.Errorf(control.CodeNotStaged, "session %q is direct: its changes are in the backing tree already (commit and discard are for staged sessions; use checkpoint.rollback)", p.Session)
+}
+
+// changesUse is what status shows of a session's store.
+func changesUse(s *session) *changes.Use {
+	if s.changes == nil {
+		return nil
+	}
+	u := s.changes.Use()
+	return &u
+}

@@ -5,7 +5,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The tests that prove no stale authority survives a switch or a reload.
 NOSTALE := TestContextFlips|TestAtkViewBinStaleBind|TestAtk2|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom|TestHiddenAbsenceCached
 
-.PHONY: all build test test-unprivileged lint demo bench fuzz clean
+.PHONY: all build test test-unprivileged test-clients lint demo bench bench-clients fuzz clean
 
 all: build
 
@@ -51,6 +51,13 @@ test-unprivileged:
 	setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=$$u GOCACHE=$$u/cache GOMODCACHE=$$u/mod GOPROXY=off GOFLAGS= \
 		CI="$$CI" PATH="$$PATH" $(GO) test -count=1 $(UNPRIV_FLAGS) ./fsys/ ; rc=$$?; [ -n "$$m" ] && chmod $$m /dev/fuse; rm -rf $$u; exit $$rc
 
+# The client libraries' tests alone (make test runs them too): the schema
+# against the daemon, and clients/python and clients/typescript against a
+# real daemon (root; python3, node and npm).
+test-clients:
+	$(GO) test -count=1 -run 'TestControlSchema' ./daemon/
+	$(GO) test -count=1 -v -run 'TestPythonClient|TestNodeClient|TestControlResultsMatchSchema' ./integration/
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
 	$(GO) vet ./...
@@ -64,6 +71,11 @@ demo: build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./constraints/ ./acl/ ./daemon/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
+
+# One command from a runtime's own process: the Python client's
+# session.run, condfs run and bubblewrap (root; bubblewrap installed).
+bench-clients: build
+	./bench/clients/bench.sh
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 200x ./constraints/internal/expr/

@@ -664,8 +664,8 @@ var methodTable = map[string]methodFunc{
 	"checkpoint.list":     (*Daemon).mCheckpointList,
 	"checkpoint.rollback": (*Daemon).mCheckpointRollback,
 	"changes.diff":        (*Daemon).mChangesDiff,
-	"changes.commit":      (*Daemon).mChangesStagedOnly,
-	"changes.discard":     (*Daemon).mChangesStagedOnly,
+	"changes.commit":      (*Daemon).mChangesCommit,
+	"changes.discard":     (*Daemon).mChangesDiscard,
 }
 
 func (d *Daemon) handle(ctx context.Context, method string, params json.RawMessage) (any, *control.Error) {

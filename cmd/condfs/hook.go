@@ -55,28 +55,42 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 		}
 		ctxParam = set.Atoms()
 	}
-	decision, reason := hookDecide(os.Stdin, *socket, *session, ctxParam, *roles, *timeout)
-	out, _ := json.Marshal(map[string]any{"hookSpecificOutput": map[string]any{
+	decision, reason, updated := hookDecide(os.Stdin, *socket, *session, ctxParam, *roles, *timeout)
+	specific := map[string]any{
 		"hookEventName":            "PreToolUse",
 		"permissionDecision":       decision,
 		"permissionDecisionReason": reason,
-	}})
+	}
+	if updated != nil && decision != "deny" {
+		// The tool runs with the input decided: its paths resolved.
+		specific["updatedInput"] = json.RawMessage(updated)
+	}
+	out, _ := json.Marshal(map[string]any{"hookSpecificOutput": specific})
 	fmt.Fprintf(stdout, "%s\n", out)
 	return nil
 }
 
-// hookDecide returns allow, deny or ask with a reason; it never panics.
-func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, timeout time.Duration) (decision, reason string) {
+// hookDecide returns allow, deny or ask with a reason, and the tool input
+// decided when the hook changed it (hook_paths.go); it never panics.
+func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, timeout time.Duration) (decision, reason string, updated []byte) {
 	defer func() {
 		if r := recover(); r != nil {
-			decision, reason = "deny", fmt.Sprintf("condfs: internal error (%v); denied", r)
+			decision, reason, updated = "deny", fmt.Sprintf("condfs: internal error (%v); denied", r), nil
 		}
 	}()
-	tool, input, why := hookInput(stdin)
+	tool, cwd, input, why := hookInput(stdin)
 	if why != "" {
-		return "deny", "condfs: " + why
+		return "deny", "condfs: " + why, nil
 	}
-	params := map[string]any{"tool": tool, "args": json.RawMessage(input.Bytes())}
+	changed, why := resolveHookPaths(tool, cwd, input)
+	if why != "" {
+		return "deny", "condfs: " + why, nil
+	}
+	args := input.Bytes()
+	if changed {
+		updated = args
+	}
+	params := map[string]any{"tool": tool, "args": json.RawMessage(args)}
 	if session != "" {
 		params["session"] = session
 	} else {
@@ -85,18 +99,19 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 	if len(roles) > 0 {
 		params["roles"] = roles
 	}
-	return hookAsk(socket, timeout, tool, params)
+	decision, reason = hookAsk(socket, timeout, tool, params)
+	return decision, reason, updated
 }
 
-// hookInput reads a PreToolUse event: the tool and its input, or why it
-// cannot be decided.
-func hookInput(stdin io.Reader) (tool string, input *jsonwire.Value, why string) {
+// hookInput reads a PreToolUse event: the tool, the working directory
+// and the tool's input, or why it cannot be decided.
+func hookInput(stdin io.Reader) (tool, cwd string, input *jsonwire.Value, why string) {
 	data, err := io.ReadAll(io.LimitReader(stdin, maxHookInput+1))
 	if err != nil {
-		return "", nil, fmt.Sprintf("cannot read the hook input: %v", err)
+		return "", "", nil, fmt.Sprintf("cannot read the hook input: %v", err)
 	}
 	if len(data) > maxHookInput {
-		return "", nil, fmt.Sprintf("the hook input is over %d bytes", maxHookInput)
+		return "", "", nil, fmt.Sprintf("the hook input is over %d bytes", maxHookInput)
 	}
 	// Read strictly and by exact keys (internal/jsonwire): Claude Code
 	// reads the input with JSON.parse, which matches keys exactly and reads
@@ -105,13 +120,14 @@ func hookInput(stdin io.Reader) (tool string, input *jsonwire.Value, why string)
 	// At most 2^20 values: parsed, a value is held in about 90 bytes.
 	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true, MaxValues: 1 << 20})
 	if err != nil {
-		return "", nil, fmt.Sprintf("malformed hook input: %v", err)
+		return "", "", nil, fmt.Sprintf("malformed hook input: %v", err)
 	}
 	if in.Kind != jsonwire.Object {
-		return "", nil, "malformed hook input: not a JSON object"
+		return "", "", nil, "malformed hook input: not a JSON object"
 	}
 	event, _ := in.Get("hook_event_name").Text()
 	tool, _ = in.Get("tool_name").Text()
+	cwd, _ = in.Get("cwd").Text()
 	input = in.Get("tool_input")
 	switch {
 	case event != "PreToolUse":
@@ -119,13 +135,13 @@ func hookInput(stdin io.Reader) (tool string, input *jsonwire.Value, why string)
 		if event != "" {
 			ev = event
 		}
-		return "", nil, fmt.Sprintf("this hook decides PreToolUse events, not %q", ev)
+		return "", "", nil, fmt.Sprintf("this hook decides PreToolUse events, not %q", ev)
 	case tool == "":
-		return "", nil, "the hook input has no tool_name"
+		return "", "", nil, "the hook input has no tool_name"
 	case input == nil || input.Kind != jsonwire.Object:
-		return "", nil, "tool_input must be a JSON object"
+		return "", "", nil, "tool_input must be a JSON object"
 	}
-	return tool, input, ""
+	return tool, cwd, input, ""
 }
 
 // hookAsk asks the daemon for the decision and turns it into the hook's.

@@ -371,3 +371,35 @@ func jsonType(v any) string {
 	}
 	return fmt.Sprintf("%T", v)
 }
+
+// TestRuntimeExamplePython runs the Python agent loop of examples/runtime
+// against a daemon on a copy of the example agent's home: the context
+// follows each message, the DM reads Ann's private note, the guild may not
+// run cat, and the e-mail to an outside address is denied.
+func TestRuntimeExamplePython(t *testing.T) {
+	python := requireTool(t, "python3")
+	requireFUSE(t)
+	root := filepath.Join(t.TempDir(), "agent")
+	if out, err := exec.Command("cp", "-a", repoPath(t, "examples/agent"), root).CombinedOutput(); err != nil {
+		t.Fatalf("copy examples/agent: %v %s", err, out)
+	}
+	d := startDaemon(t, &home{t: t, root: root})
+	cmd := exec.Command(python, repoPath(t, "examples/runtime/agent_loop.py"), filepath.Join(root, "view"))
+	cmd.Env = clientEnv(d)
+	out, err := cmd.CombinedOutput()
+	text := string(out)
+	for _, want := range []string{
+		"[discord:channel:42, discord:dm, discord:dm:42]",
+		"prompt blocks: ['dm-etiquette']",
+		"Ann prefers short answers",
+		"run refused here: cat",
+		"send_email ['ann@acme.com', 'eve@evil.example']: deny",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the example's output lacks %q", want)
+		}
+	}
+	if err != nil || strings.Count(text, "Ann prefers") != 1 || t.Failed() {
+		t.Fatalf("examples/runtime/agent_loop.py: %v\n%s", err, text)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -41,11 +42,15 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 	atoms := fs.StringArray("context", nil, "the context, when there is no session: an atom (repeat) or a JSON description")
 	roles := fs.StringArray("role", nil, "a caller role; repeat")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the daemon")
+	viaRun := fs.Bool("bash-via-run", false, "run every Bash call that is not denied through condfs run under --session (the boundary for commands)")
 	if err := cli.ParseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	if (*session == "") == (len(*atoms) == 0) {
 		return cli.UsageErr(stderr, fs, "give --session or --context (one of them)")
+	}
+	if *viaRun && *session == "" {
+		return cli.UsageErr(stderr, fs, "--bash-via-run needs --session: condfs run runs under a session")
 	}
 	var ctxParam []string
 	if len(*atoms) > 0 {
@@ -55,7 +60,7 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 		}
 		ctxParam = set.Atoms()
 	}
-	decision, reason, updated := hookDecide(os.Stdin, *socket, *session, ctxParam, *roles, *timeout)
+	decision, reason, updated := hookDecide(os.Stdin, *socket, *session, ctxParam, *roles, *timeout, *viaRun)
 	specific := map[string]any{
 		"hookEventName":            "PreToolUse",
 		"permissionDecision":       decision,
@@ -72,7 +77,7 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 
 // hookDecide returns allow, deny or ask with a reason, and the tool input
 // decided when the hook changed it (hook_paths.go); it never panics.
-func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, timeout time.Duration) (decision, reason string, updated []byte) {
+func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, timeout time.Duration, viaRun bool) (decision, reason string, updated []byte) {
 	defer func() {
 		if r := recover(); r != nil {
 			decision, reason, updated = "deny", fmt.Sprintf("condfs: internal error (%v); denied", r), nil
@@ -100,6 +105,9 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 		params["roles"] = roles
 	}
 	decision, reason = hookAsk(socket, timeout, tool, params)
+	if viaRun && tool == "Bash" && decision != "deny" {
+		return bashViaRun(decision, reason, input, socket, session, roles)
+	}
 	return decision, reason, updated
 }
 
@@ -179,4 +187,41 @@ func hookAsk(socket string, timeout time.Duration, tool string, params map[strin
 		return "deny", "condfs: denied by policy: " + why
 	}
 	return deny("unknown decision %q; denied", res.Decision)
+}
+
+// bashViaRun rewrites a Bash call that is not denied so that the command
+// decided runs through condfs run under session: bash -c COMMAND in the
+// session's sandbox, whose files are its view and which executes only
+// what its context allows. The command's text is decided by the policy
+// first; what it does is then the sandbox's to confine.
+func bashViaRun(decision, reason string, input *jsonwire.Value, socket, session string, roles []string) (string, string, []byte) {
+	deny := func(why string) (string, string, []byte) { return "deny", "condfs: " + why + "; denied", nil }
+	command, ok := input.Get("command").Text()
+	if !ok {
+		return deny("a Bash call's command must be a string")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return deny(fmt.Sprintf("cannot name condfs for condfs run (%v)", err))
+	}
+	if socket, err = filepath.Abs(socket); err != nil {
+		return deny(fmt.Sprintf("cannot name the socket for condfs run (%v)", err))
+	}
+	argv := []string{self, "run", "--socket", socket, "--session", session}
+	for _, r := range roles {
+		argv = append(argv, "--role", r)
+	}
+	argv = append(argv, "--", "bash", "-c", command)
+	quoted := make([]string, len(argv))
+	for i, a := range argv {
+		quoted[i] = shellQuote(a)
+	}
+	input.Set("command", jsonwire.NewString(strings.Join(quoted, " ")))
+	return decision, reason + " (run through condfs run)", input.Bytes()
+}
+
+// shellQuote quotes s as one word for sh and bash: inside single quotes
+// nothing is special but the single quote, written '\”.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -60,7 +60,12 @@ class _Connection:
         except OSError as e:
             self.sock.close()
             raise refused(path, e) from None
-        self.lock = threading.Lock()  # guards pending, next_id, dead; held while writing
+        # lock guards pending, next_id and dead, and is never held while
+        # writing: the reader takes it to hand out answers, and a writer
+        # waiting for the daemon to read must not keep answers unread.
+        # wlock keeps each request line whole.
+        self.lock = threading.Lock()
+        self.wlock = threading.Lock()
         self.pending: dict[int, tuple[_Waiter, str]] = {}
         self.next_id = 0
         self.dead: CondfsError | None = None
@@ -76,13 +81,17 @@ class _Connection:
                 raise self.dead
             self.next_id += 1
             rid = self.next_id
-            line = request_line(rid, method, params)
+        line = request_line(rid, method, params)
+        with self.lock:
             self.pending[rid] = (w, method)
-            try:
+        try:
+            with self.wlock:
                 self.sock.sendall(line)
-            except OSError as e:
-                del self.pending[rid]
-                self._die(daemon_word(self.sock, self.path) or connection_error(self.path, f"cannot send {method}", e))
+        except OSError as e:
+            word = daemon_word(self.sock, self.path)
+            with self.lock:
+                self.pending.pop(rid, None)
+                self._die(word or connection_error(self.path, f"cannot send {method}", e))
                 raise cast(CondfsError, self.dead) from None
         return rid, w
 
@@ -287,6 +296,15 @@ def _was_lost(err: CondfsError, conn: _Connection) -> bool:
     return err.code == CONNECTION_FAILED and conn.dead is not None
 
 
+def _changes_params(session: str, **kw: Any) -> dict[str, Any]:
+    """Params of a changes method: the session and the options given."""
+    p: dict[str, Any] = {"session": session}
+    for k, v in kw.items():
+        if v is not None and v is not False:
+            p[k] = list(v) if k == "paths" else v
+    return p
+
+
 class Session:
     """An open session: its id, its view's mountpoint (None for a handle
     made by Client.session) and its atoms as last seen."""
@@ -324,6 +342,30 @@ class Session:
         """What the view does with ``path`` of ``space`` (memories,
         workspace), or whether a run may execute it (exec)."""
         return cast(PathDecision, self.client.call("path.check", {"session": self.id, "space": space, "path": path}))
+
+    def checkpoint(self, name: str | None = None) -> dict[str, Any]:
+        """Makes a checkpoint: what the session changes from now can be
+        rolled back to it (docs/changes.md)."""
+        return dict(self.client.call("checkpoint.create", _changes_params(self.id, name=name)))
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return list(self.client.call("checkpoint.list", {"session": self.id})["checkpoints"])
+
+    def rollback(self, checkpoint: str, *, force: bool = False) -> dict[str, Any]:
+        """Undoes what the session changed since ``checkpoint``; paths
+        changed outside the view are conflicts unless ``force``."""
+        return dict(self.client.call("checkpoint.rollback", {"session": self.id, "checkpoint": checkpoint, "force": force}))
+
+    def diff(self, since: str | None = None, *, content: bool = False) -> dict[str, Any]:
+        return dict(self.client.call("changes.diff", _changes_params(self.id, since=since, content=content)))
+
+    def commit(self, paths: Sequence[str] | None = None, *, force: bool = False) -> dict[str, Any]:
+        """Applies a staged session's changes (-32032 for a direct one)."""
+        return dict(self.client.call("changes.commit", _changes_params(self.id, paths=paths, force=force)))
+
+    def discard(self, paths: Sequence[str] | None = None) -> dict[str, Any]:
+        """Drops a staged session's changes (-32032 for a direct one)."""
+        return dict(self.client.call("changes.discard", _changes_params(self.id, paths=paths)))
 
     def decide(
         self,

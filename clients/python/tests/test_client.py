@@ -260,6 +260,25 @@ class Concurrency(Live):
             t.join()
         self.assertEqual(errors, [])
 
+    def test_large_requests_from_many_threads(self) -> None:
+        # Lines larger than the socket's buffers, written while answers
+        # come back: neither side waits for the other.
+        s = self.open()
+        errors: list[str] = []
+
+        def work(n: int) -> None:
+            for i in range(4):
+                d = s.decide("web_fetch", {"blob": ["x" * 60_000] * 5, "n": n, "i": i})
+                if d["decision"] != "allow":
+                    errors.append(str(d))
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+
     def test_runs_in_parallel(self) -> None:
         s = self.open()
         results: dict[int, bytes] = {}

@@ -117,6 +117,7 @@ type Daemon struct {
 	restored      int // sessions restored at start
 	closing       atomic.Bool
 	denials       denialLimiter
+	allowed       denialLimiter          // identical allowed decisions, collapsed as denials are (audit.go)
 	warm          *warmPool              // sandboxes of the next runs, built ahead (warm.go)
 	egressPool    *egress.Pool           // the node's bound on runs' open connections (egress.go)
 	egressStack   atomic.Pointer[string] // the capture the last gateway got
@@ -228,6 +229,7 @@ func New(cfg Config) (*Daemon, error) {
 		}
 	}
 	d.denials.init()
+	d.allowed.init()
 	// Before anything is mounted or restored: a second daemon on the
 	// same socket must leave the first one's mounts and state alone.
 	if err := control.Live(cfg.Socket); err != nil {
@@ -442,7 +444,7 @@ func (d *Daemon) closeSession(id string) error {
 	err := s.view.Unmount()
 	d.closeChanges(s, !d.closing.Load())
 	d.log.Info("session closed", "session", id, "err", err)
-	d.denials.forget(id)
+	d.flushCounts(id, s.view.Context().Atoms())
 	d.dropSession(s, !d.closing.Load())
 	return err
 }
@@ -973,7 +975,21 @@ func (d *Daemon) decide(ctx context.Context, params json.RawMessage) (any, *cont
 		r := clip(*dec.Role)
 		decidingRole = &r
 	}
-	d.audit.Info("decide", "kind", "tool", "session", sessionID, "atoms", atoms, "tool", clip(req.Tool), "roles", clipAll(req.Roles),
-		"decision", dec.Decision.String(), "role", decidingRole, "reasons", clipAll(dec.Reasons))
+	attrs := []any{"kind", "tool", "session", sessionID, "atoms", atoms, "tool", clip(req.Tool), "roles", clipAll(req.Roles),
+		"decision", dec.Decision.String(), "role", decidingRole, "reasons", clipAll(dec.Reasons)}
+	// Collapsed per session (a decision made with a context, not a
+	// session: per uid), identical decisions once a window (audit.go).
+	key := sessionID
+	if key == "" {
+		uid, _ := control.PeerUID(ctx)
+		key = checker(uid)
+	}
+	roleName := ""
+	if decidingRole != nil {
+		roleName = *decidingRole
+	}
+	what := keyOf(append(append([]string{clip(req.Tool)}, clipAll(req.Roles)...), atoms...)...)
+	why := keyOf(append([]string{dec.Decision.String(), roleName}, clipAll(dec.Reasons)...)...)
+	d.auditDecision(dec.Decision.String() == "allow", key, denialKey{"tool", what, why}, "decide", attrs)
 	return dec, nil
 }

@@ -146,12 +146,20 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 	}
 	d.metrics.Egress(e.Protocol, outcome)
 	var suppressed, unlisted int
-	if outcome != "allow" && outcome != "cut" {
-		// A run that retries a refused connection in a loop must not
-		// fill the disk (audit.go); a cut is written every time.
-		key := denialKey{"connect", fmt.Sprintf("%s %s:%d %s %s", e.Protocol, e.Host, e.Port, e.Method, e.Path), e.Decision + " " + e.Refused}
+	var lim *denialLimiter
+	var key denialKey
+	if outcome != "cut" {
+		// A run that retries a connection or a request in a loop must
+		// not fill the disk (audit.go), allowed or refused; a cut is
+		// written every time.
+		key = denialKey{"connect", keyOf(e.Protocol, e.Host, fmt.Sprint(e.Port), e.Method, e.Path, e.Addr.String()),
+			keyOf(append([]string{e.Decision, e.Refused}, e.Reasons...)...)}
+		lim = &d.denials
+		if outcome == "allow" {
+			lim = &d.allowed
+		}
 		var write bool
-		if write, suppressed, unlisted = d.denials.admit(s.id, key, time.Now()); !write {
+		if write, suppressed, unlisted = lim.admit(s.id, key, time.Now()); !write {
 			return
 		}
 	}
@@ -166,6 +174,9 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 	attrs = append(attrs, "decision", e.Decision, "reasons", nonNil(clipAll(e.Reasons)))
 	if e.Refused != "" {
 		attrs = append(attrs, "refused", e.Refused)
+	}
+	if lim != nil {
+		lim.keep(s.id, key, "connect", attrs)
 	}
 	d.audit.Info("connect", counts(attrs, suppressed, unlisted)...)
 }

@@ -40,7 +40,7 @@ func TestAuditLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kinds, ops []string
+	var kinds, ops, flushed []string
 	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
@@ -52,6 +52,12 @@ func TestAuditLog(t *testing.T) {
 		// Records carry the context in force when they were decided.
 		if a := fmt.Sprint(rec["atoms"]); a != "[discord:channel:3 discord:guild:9]" {
 			t.Fatalf("audit record with atoms %s, want the switched context", a)
+		}
+		if rec["flushed"] == true {
+			// Told at the session's close: the repeats of a record
+			// that no later record of it told.
+			flushed = append(flushed, fmt.Sprint(rec["op"], " ", rec["suppressed"]))
+			continue
 		}
 		switch rec["kind"] {
 		case "tool":
@@ -79,6 +85,10 @@ func TestAuditLog(t *testing.T) {
 	// then the create); the listing that hid private/ named nothing.
 	if o := strings.Join(ops, " "); o != "check lookup create" {
 		t.Fatalf("denied path records by op: %q", o)
+	}
+	// The suppressed lookup is counted: told when the session closed.
+	if f := strings.Join(flushed, ", "); f != "lookup 1" {
+		t.Fatalf("records told at the close: %q, want the suppressed lookup", f)
 	}
 }
 

@@ -28,8 +28,9 @@ func (f *flow) proxy(br *bufio.Reader) {
 // connect serves one CONNECT. When both https and tcp are denied for
 // host:port, the program gets 403 with the reasons at once (a tunnel that
 // would carry plain HTTP is refused with them: its paths are not known
-// yet); otherwise 200, and the tunnel is classified and decided as any
-// captured connection, and reset when denied.
+// yet), and so it does when host resolves to no address the run may reach
+// (unreachable); otherwise 200, and the tunnel is classified and decided
+// as any captured connection, and reset when denied.
 func (f *flow) connect(br *bufio.Reader) {
 	_ = f.client.SetReadDeadline(time.Now().Add(headWait))
 	hosts, err := requestHead(br)
@@ -66,6 +67,11 @@ func (f *flow) connect(br *bufio.Reader) {
 		r := Request{Host: t.host, Port: t.port, Protocol: "https"}
 		f.g.audit(Event{Request: r, Verdict: v})
 		f.status(http.StatusForbidden, refusal(r, v, ""))
+		return
+	}
+	if r, v, addr, why := f.g.unreachable(t); why != "" {
+		f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why})
+		f.status(http.StatusForbidden, refusal(r, v, why))
 		return
 	}
 	if _, err := f.client.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {

@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/condfs
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The tests that prove no stale authority survives a switch or a reload.
-NOSTALE := TestContextFlips|TestAtkViewBinStaleBind|TestAtk2|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom|TestHiddenAbsenceCached
+NOSTALE := TestContextFlips|TestAtkViewBinStaleBind|TestAtk2|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom|TestHiddenAbsenceCached|KeepsItsNameForItsCwd|LeavesItsCwdNowhere
 
 .PHONY: all build test test-unprivileged test-clients lint demo bench bench-clients fuzz clean
 
@@ -31,6 +31,9 @@ test:
 	# And on a connection per session (a daemon that is not root, or
 	# --connections=per-session), where the epoch is per view.
 	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_CONNECTIONS=per-session $(GO) test -race -count=1 -run '$(NOSTALE)' ./integration/
+	# A working directory's name on the per-entry path without
+	# FUSE_EXPIRE_ONLY, as kernels before 6.2 invalidate.
+	CONDFS_INVALIDATION=entries-drop $(GO) test -race -count=1 -run 'KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestCwdInHiddenDirectory' ./integration/
 	# The backing-change tests without the fanotify link watch, as a
 	# daemon that is not root runs (a space with rules listed by the daemon every time).
 	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_NO_FANOTIFY=1 $(GO) test -race -count=1 -run 'TestListingCache|TestRuledListingCached|TestBackingChangesSeen|TestWalkWhileTreeChanges|TestModelRandom' ./integration/

@@ -105,12 +105,12 @@ func (v *View) listing(in *fs.Inode, n *node, sensitive bool, epoch uint64, keep
 	if keep && ttl > 0 && !v.closed.Load() && rec.armed.CompareAndSwap(false, true) {
 		rec.ttl = time.AfterFunc(ttl, func() {
 			rec.armed.Store(false)
-			v.dropRec(in, rec, barrierName)
+			v.dropRec(in, rec, barrierName, entryDropped)
 		})
 	}
 	l.mu.Unlock()
 	if !keep {
-		go v.dropRec(in, rec, barrierName)
+		go v.dropRec(in, rec, barrierName, entryDropped)
 	}
 }
 
@@ -122,34 +122,37 @@ func (n *node) keepsListing(t *target) bool {
 		(!t.d.hidesLinked(n.space) || w.watchesLinks(t.b))
 }
 
-// dropRec drops the listing the kernel may hold of in: it notifies the
-// entry name (the barrier when no name changed), which waits for the
-// listings in flight on the directory, then drops the pages if a READDIR
-// was served since the last drop. Nothing may be held that a request being
-// served needs.
-func (v *View) dropRec(in *fs.Inode, rec *listed, name string) {
+// dropRec drops the listing the kernel may hold of in: it sends the entry
+// name its fate (the barrier when no name changed, or when the name's entry
+// is kept), which waits for the listings in flight on the directory, then
+// drops the pages if a READDIR was served since the last drop. Nothing may
+// be held that a request being served needs.
+func (v *View) dropRec(in *fs.Inode, rec *listed, name string, fate entryFate) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	dirty := rec.dirty.Swap(false)
-	if dirty || name != barrierName {
-		v.notifyEntry(in, name)
+	switch {
+	case name != barrierName && fate != entryKept:
+		v.notifyFate(in, name, fate)
+	case dirty:
+		v.notifyEntry(in, barrierName)
 	}
 	if dirty {
 		in.NotifyContent(0, 0)
 	}
 }
 
-// dropListing notifies the entry name of directory in and drops the
+// dropListing sends the entry name of directory in its fate and drops the
 // listing the kernel may hold of it (the Watcher: a name changed there).
-func (v *View) dropListing(in *fs.Inode, name string) {
+func (v *View) dropListing(in *fs.Inode, name string, fate entryFate) {
 	v.cache.lists.mu.Lock()
 	rec := v.cache.lists.listed[in]
 	v.cache.lists.mu.Unlock()
 	if rec == nil {
-		v.notifyEntry(in, name)
+		v.notifyFate(in, name, fate)
 		return
 	}
-	v.dropRec(in, rec, name)
+	v.dropRec(in, rec, name, fate)
 }
 
 // dropListings drops, before it returns, the listings the kernel may hold
@@ -171,7 +174,7 @@ func (v *View) dropListings(sel func(n *node, sensitive, current bool) bool) {
 	}
 	l.mu.Unlock()
 	for _, d := range drop {
-		v.dropRec(d.in, d.rec, barrierName)
+		v.dropRec(d.in, d.rec, barrierName, entryDropped)
 	}
 }
 
@@ -303,13 +306,16 @@ func (v *View) hiddenNow(dir *node, name string) bool {
 	return !v.decision().shows(dir.space, join(p, name))
 }
 
-// dropCaches drops every entry and listing the kernel caches for v.
+// dropCaches drops every entry and listing the kernel caches for v: any
+// decision may have changed (events were lost, or a directory above a
+// backing root changed). Per entry, each is expired where the kernel can:
+// its next use looks it up and decides it again.
 func (v *View) dropCaches() {
 	if v.closed.Load() {
 		return
 	}
 	if !v.bumpEpoch(false) {
-		v.invalidateEntries(v.root.EmbeddedInode())
+		v.invalidateEntries(v.root.EmbeddedInode(), everyEntry(v.stale(), entryDropped))
 	}
 	v.cache.lists.epoch.Add(1)
 	v.dropListings(nil)
@@ -334,7 +340,7 @@ func (n *node) changed(name string, mask uint32, dir string, multiNamedAt func(p
 		// made.)
 		if v.decision().hidesLinked(n.space) && multiNamedAt(dir+"/"+name) {
 			if sp := v.root.GetChild(n.space.String()); sp != nil {
-				v.invalidateEntries(sp)
+				v.invalidateEntries(sp, v.linkedFate())
 			}
 			v.dropListings(nil)
 		}
@@ -354,9 +360,38 @@ func (n *node) changed(name string, mask uint32, dir string, multiNamedAt func(p
 		// Made, removed, moved, or its attributes changed (a link count, a
 		// mode): the next access looks it up and decides, and a cached
 		// listing goes (after the listings in flight).
-		v.dropListing(in, name)
+		v.dropListing(in, name, n.changedFate(name, mask, dir))
 	}
 	if ch := in.GetChild(name); ch != nil {
 		ch.NotifyContent(0, 0) // attributes and cached pages
 	}
+}
+
+// changedFate is what the watch's report of a change to name in the backing
+// directory dir does to the kernel's entry of it. An entry that no longer
+// stands for the inode the name has (gone, or another one there) is
+// dropped. One the name was made for (by this view, or looked up since) is
+// kept: the view's own new directory keeps its name for a process that
+// enters it at once. Any other change to the inode (its attributes, its
+// link count) expires the entry, to be decided again at its next use; a
+// kernel that cannot expire keeps a directory's entry (what decides a
+// directory does not follow its attributes, which are dropped by the
+// caller) and drops any other.
+func (n *node) changedFate(name string, mask uint32, dir string) entryFate {
+	ch := n.GetChild(name)
+	if ch == nil {
+		return entryDropped // no entry, or a negative one
+	}
+	cn, ok := ch.Operations().(*node)
+	var st unix.Stat_t
+	if !ok || unix.Lstat(dir+"/"+name, &st) != nil || st.Dev != cn.dev || st.Ino != cn.ino {
+		return entryDropped
+	}
+	if mask&^(unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_MODIFY|unix.IN_CLOSE_WRITE) == 0 {
+		return entryKept
+	}
+	if fate := n.view.stale(); fate == entryExpired || ch.IsDir() {
+		return fate
+	}
+	return entryDropped
 }

@@ -27,6 +27,7 @@ type conn struct {
 	mntID      uint64
 	fusermount bool        // mounted by fusermount3
 	epoch      atomic.Bool // the kernel accepts FUSE_NOTIFY_INC_EPOCH
+	notify     *notifier   // the nodes' calls into the kernel
 	done       chan struct{}
 }
 
@@ -44,17 +45,19 @@ type connOptions struct {
 }
 
 // rawFS is what the connection's server serves: the guard, connFS, then
-// go-fuse's bridge to the nodes.
-func (o connOptions) rawFS() fuse.RawFileSystem {
+// go-fuse's bridge to the nodes, which reach the kernel through n.
+func (o connOptions) rawFS(n *notifier) fuse.RawFileSystem {
 	g := o.guard
-	g.RawFileSystem = connFS{fs.NewNodeFS(o.root, o.fsOpts)}
+	opts := *o.fsOpts
+	opts.ServerCallbacks = n
+	g.RawFileSystem = connFS{RawFileSystem: fs.NewNodeFS(o.root, &opts), notify: n}
 	return g
 }
 
 // mountConn mounts a new connection serving o.root and waits until the
 // kernel has it.
 func mountConn(o connOptions) (*conn, error) {
-	c := &conn{mp: o.mp, devFD: -1, done: make(chan struct{})}
+	c := &conn{mp: o.mp, devFD: -1, notify: &notifier{}, done: make(chan struct{})}
 	mo := &o.fsOpts.MountOptions
 	fd, err := mountFUSE(o.mpfd, mo.AllowOther)
 	if o.fusermount && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
@@ -69,6 +72,7 @@ func mountConn(o connOptions) (*conn, error) {
 		c.unmountPath()
 		unix.Close(fd)
 		if c.devFD >= 0 {
+			c.notify.devFD.Store(0)
 			unix.Close(c.devFD)
 		}
 		return nil, fmt.Errorf("mount %s: %w", o.mp, err)
@@ -82,7 +86,8 @@ func mountConn(o connOptions) (*conn, error) {
 		c.devFD = -1
 		return fail(fmt.Errorf("dup /dev/fuse: %w", err))
 	}
-	server, err := fuse.NewServer(o.rawFS(), fmt.Sprintf("/dev/fd/%d", fd), mo)
+	c.notify.devFD.Store(int32(c.devFD))
+	server, err := fuse.NewServer(o.rawFS(c.notify), fmt.Sprintf("/dev/fd/%d", fd), mo)
 	if err != nil {
 		return fail(err)
 	}
@@ -103,8 +108,10 @@ func mountConn(o connOptions) (*conn, error) {
 	}
 	// Probe the epoch notification once; older kernels answer EINVAL.
 	// CONDFS_INVALIDATION=entries forces the per-entry path, as on those
-	// kernels (so that it can be tested and compared anywhere).
-	if os.Getenv("CONDFS_INVALIDATION") != "entries" {
+	// kernels (so that it can be tested and compared anywhere), and
+	// entries-drop the per-entry path without FUSE_EXPIRE_ONLY, as on
+	// kernels before 6.2.
+	if inv := os.Getenv("CONDFS_INVALIDATION"); inv != "entries" && inv != "entries-drop" {
 		err := incEpoch(c.devFD)
 		c.epoch.Store(err == nil)
 		if err != nil {
@@ -147,6 +154,7 @@ func (c *conn) unmountPath() {
 func (c *conn) release(patience time.Duration, log *slog.Logger, after func()) bool {
 	closeFD := func() {
 		if c.devFD >= 0 {
+			c.notify.devFD.Store(0) // no notification after the fd is gone
 			unix.Close(c.devFD)
 			c.devFD = -1
 		}

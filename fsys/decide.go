@@ -49,7 +49,7 @@ type authority struct {
 // from old (nil: unknown, everything is dropped one by one).
 func (v *View) Invalidate(old *acl.Config) error {
 	v.authz.reloadOld = old
-	return v.invalidate(false)
+	return v.invalidate(false, nil)
 }
 
 // reloadedFrom is the decision with the rules before the reload being

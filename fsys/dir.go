@@ -175,7 +175,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 					// listing goes once it is in the cache, and later
 					// ones are never kept.
 					in := d.node.EmbeddedInode()
-					go v.dropListing(in, barrierName)
+					go v.dropListing(in, barrierName, entryDropped)
 				}
 				continue
 			}
@@ -271,6 +271,15 @@ func parseDirent(b []byte) (name string, typ uint8, ino, off uint64, reclen int)
 // negative entry (Lookup, node.go).
 type connFS struct {
 	fuse.RawFileSystem
+	notify *notifier // the bridge's calls into the kernel (conn_notify.go)
+}
+
+// Init gives the notifier the server. The bridge is not told: it reaches
+// the kernel through the notifier it was made with.
+func (c connFS) Init(s *fuse.Server) {
+	if c.notify != nil {
+		c.notify.init(s)
+	}
 }
 
 // OpenDir answers ENOSYS: the kernel then opens every directory of the

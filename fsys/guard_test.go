@@ -107,7 +107,7 @@ func (r recordingFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name strin
 // other ENOENT stays one.
 func TestConnectionDirectoriesAndAbsences(t *testing.T) {
 	var calls []string
-	c := connFS{recordingFS{calls: &calls, entry: func(out *fuse.EntryOut) fuse.Status { return fuse.ENOENT }}}
+	c := connFS{RawFileSystem: recordingFS{calls: &calls, entry: func(out *fuse.EntryOut) fuse.Status { return fuse.ENOENT }}}
 	if st := c.OpenDir(nil, &fuse.OpenIn{}, &fuse.OpenOut{}); st != fuse.ENOSYS {
 		t.Errorf("OPENDIR answered %v, want ENOSYS", st)
 	}
@@ -126,7 +126,7 @@ func TestConnectionDirectoriesAndAbsences(t *testing.T) {
 	if st := c.Lookup(nil, &fuse.InHeader{}, "x", &out); st != fuse.ENOENT {
 		t.Errorf("a plain absence answered %v, want ENOENT", st)
 	}
-	c = connFS{recordingFS{calls: &calls, entry: func(out *fuse.EntryOut) fuse.Status {
+	c = connFS{RawFileSystem: recordingFS{calls: &calls, entry: func(out *fuse.EntryOut) fuse.Status {
 		out.SetEntryTimeout(time.Minute)
 		return fuse.ENOENT
 	}}}

@@ -529,16 +529,18 @@ func (v *View) Mountpoint() string { return v.opts.Mountpoint }
 // answers for a path whose decision changed, and open handles on newly
 // denied files fail their next read or write.
 func (v *View) SetContext(set cctx.Set) error {
-	v.authz.atoms.Store(&set)
-	return v.invalidate(true)
+	old := v.authz.atoms.Swap(&set)
+	return v.invalidate(true, old)
 }
 
 // invalidate drops cached entries and re-decides open files. A context
-// switch (scoped) keeps the rules, so on the per-entry path only entries a
-// rule governs (the path or a directory above it matched by a rule) can
-// change their decision; a reload may have changed any rule, so every
-// cached entry is dropped.
-func (v *View) invalidate(scoped bool) error {
+// switch (scoped, from the context old) keeps the rules, so on the
+// per-entry path only entries a rule governs (the path or a directory above
+// it matched by a rule) can change their decision: those whose decision
+// changed are dropped, the others expired. A reload may have changed any
+// rule: every cached entry whose decision changed is dropped, and every
+// other expired (invalidateChanged).
+func (v *View) invalidate(scoped bool, old *cctx.Set) error {
 	if v.closed.Load() {
 		return errors.New("view is unmounted")
 	}
@@ -552,14 +554,22 @@ func (v *View) invalidate(scoped bool) error {
 		if scoped {
 			// Only entries a rule governs can change their decision; the
 			// walk descends only where a rule names a path below.
-			d := v.decision()
-			ruled := func(sp space, p string) bool {
-				_, r := d.path(sp, p)
-				return r
+			now := v.decision()
+			before := now
+			before.atoms = *old
+			stale := v.stale()
+			fate := func(sp space, p string, _ bool) entryFate {
+				if _, ruled := now.path(sp, p); !ruled {
+					return entryKept
+				}
+				if now.changedFrom(before, sp, p) {
+					return entryDropped
+				}
+				return stale
 			}
-			v.dropWhere(d.sensitive, ruled)
+			v.dropWhere(now.sensitive, fate)
 		} else {
-			v.invalidateEntries(v.root.EmbeddedInode())
+			v.invalidateChanged(v.stale())
 		}
 	} else if !scoped && v.cache.plusHanded.Swap(false) {
 		// Entries of listings decided with the old rules that the kernel
@@ -567,7 +577,7 @@ func (v *View) invalidate(scoped bool) error {
 		// those whose decision changed. Each notification waits for the
 		// directory's readdir to finish linking. (Only a view whose
 		// listings handed out entries since the last reload can have one.)
-		v.invalidateChanged()
+		v.invalidateChanged(entryKept)
 	}
 	if scoped {
 		v.dropListings(v.switchChanges)
@@ -587,16 +597,22 @@ func (v *View) invalidate(scoped bool) error {
 
 // invalidateChanged drops the cached entries whose decision differs between
 // the rules before the reload and now (all of a space whose hiding of
-// multiply-linked files changed; everything when the old rules are unknown).
-func (v *View) invalidateChanged() {
+// multiply-linked files changed; everything when the old rules are
+// unknown), and sends every other one the fate unchanged.
+func (v *View) invalidateChanged(unchanged entryFate) {
 	before, known := v.reloadedFrom()
 	if !known {
-		v.invalidateEntries(v.root.EmbeddedInode())
+		v.invalidateEntries(v.root.EmbeddedInode(), everyEntry(entryDropped, entryDropped))
 		return
 	}
 	now := v.decision()
-	changed := func(sp space, p string) bool { return now.changedFrom(before, sp, p) }
-	v.dropWhere(func(space, string) bool { return true }, changed)
+	fate := func(sp space, p string, _ bool) entryFate {
+		if now.changedFrom(before, sp, p) {
+			return entryDropped
+		}
+		return unchanged
+	}
+	v.dropWhere(func(space, string) bool { return true }, fate)
 }
 
 // bumpEpoch invalidates every cached entry of the view's connection at once,
@@ -610,11 +626,11 @@ func (v *View) bumpEpoch(scoped bool) bool {
 	return v.mnt.conn.bumpEpoch(v.log)
 }
 
-// dropWhere drops, deepest first, the cached entries of every space (its
-// root entry included) whose path drop selects, descending into a cached
-// directory where descend says. Every invalidation walk is this one, with
-// its own selection.
-func (v *View) dropWhere(descend, drop func(sp space, p string) bool) {
+// dropWhere sends, deepest first, the cached entries of every space (its
+// root entry included) the fate their path and kind (a directory or not)
+// have, descending into a cached directory where descend says. Every
+// invalidation walk is this one, with its own selection.
+func (v *View) dropWhere(descend func(sp space, p string) bool, fate func(sp space, p string, dir bool) entryFate) {
 	root := v.root.EmbeddedInode()
 	v.notifyEntry(root, barrierName) // see dropCached
 	for name, child := range root.Children() {
@@ -622,10 +638,8 @@ func (v *View) dropWhere(descend, drop func(sp space, p string) bool) {
 		if !ok {
 			continue
 		}
-		v.dropCached(child, "/", func(p string) bool { return descend(sp, p) }, func(p string) bool { return drop(sp, p) })
-		if drop(sp, "/") {
-			v.notifyEntry(root, name)
-		}
+		v.dropCached(child, "/", func(p string) bool { return descend(sp, p) }, func(p string, dir bool) entryFate { return fate(sp, p, dir) })
+		v.notifyFate(root, name, fate(sp, "/", true))
 	}
 }
 
@@ -634,23 +648,43 @@ func (v *View) dropWhere(descend, drop func(sp space, p string) bool) {
 // directory's lock, which a lookup holds until its entry is linked): one
 // decided before the change has its node in the tree by then, to be found
 // below.
-func (v *View) dropCached(dir *fs.Inode, p string, descend, drop func(p string) bool) {
+func (v *View) dropCached(dir *fs.Inode, p string, descend func(p string) bool, fate func(p string, dir bool) entryFate) {
 	v.notifyEntry(dir, barrierName)
 	for name, child := range dir.Children() {
 		cp := join(p, name)
 		if child.IsDir() && descend(cp) {
-			v.dropCached(child, cp, descend, drop)
+			v.dropCached(child, cp, descend, fate)
 		}
-		if drop(cp) {
-			v.notifyEntry(dir, name)
-		}
+		v.notifyFate(dir, name, fate(cp, child.IsDir()))
 	}
 }
 
-// invalidateEntries drops every cached entry below dir.
-func (v *View) invalidateEntries(dir *fs.Inode) {
-	all := func(string) bool { return true }
-	v.dropCached(dir, "/", all, all)
+// invalidateEntries sends every cached entry below dir the fate of its kind.
+func (v *View) invalidateEntries(dir *fs.Inode, fate func(p string, dir bool) entryFate) {
+	v.dropCached(dir, "/", func(string) bool { return true }, fate)
+}
+
+// everyEntry is the fate dirs for every directory and files for every other
+// entry.
+func everyEntry(dirs, files entryFate) func(string, bool) entryFate {
+	return func(_ string, dir bool) entryFate {
+		if dir {
+			return dirs
+		}
+		return files
+	}
+}
+
+// linkedFate is the fate of the entries of a space with rules after a file
+// of its filesystem got another name: a file there may be hidden now, to be
+// decided again at its next use. A directory's decision never follows its
+// names' link counts: a kernel that cannot expire keeps directories' entries
+// and drops the others.
+func (v *View) linkedFate() func(string, bool) entryFate {
+	if v.stale() == entryExpired {
+		return everyEntry(entryExpired, entryExpired)
+	}
+	return everyEntry(entryKept, entryDropped)
 }
 
 func (v *View) notifyEntry(dir *fs.Inode, name string) {
@@ -672,7 +706,7 @@ func (v *View) linkedOn(devs map[uint64]bool) {
 			continue
 		}
 		if in := v.root.GetChild(space(sp).String()); in != nil {
-			v.invalidateEntries(in)
+			v.invalidateEntries(in, v.linkedFate())
 		}
 		dropped = true
 	}

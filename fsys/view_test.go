@@ -97,7 +97,7 @@ func newFixtureOn(t *testing.T, host *Host, rules string, atoms cctx.Set) *fixtu
 // driven in-process (it also attaches the tree's root).
 func (f *fixture) attach(v *View) {
 	f.v = v
-	f.raw = connOptions{root: v.root, fsOpts: v.mnt.fsOpts, guard: guardFS{panics: &v.stats.panics, log: v.log}}.rawFS()
+	f.raw = connOptions{root: v.root, fsOpts: v.mnt.fsOpts, guard: guardFS{panics: &v.stats.panics, log: v.log}}.rawFS(&notifier{})
 }
 
 func (f *fixture) write(rel, text string) string {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -164,6 +165,12 @@ func shell(in *os.File, out *os.File) {
 			}
 		case "mkdir":
 			err = unix.Mkdir(f[1], 0o755)
+		case "cd":
+			err = unix.Chdir(f[1])
+		case "pwd": // getcwd(2); f[1] is ignored
+			res, err = unix.Getwd()
+		case "mkcd": // mkdir, chdir at once, getcwd(2) at once and again after f[2] ms
+			res, err = mkcd(f[1], f[2])
 		case "rename":
 			err = unix.Rename(f[1], f[2])
 		case "exchange":
@@ -280,4 +287,30 @@ func report(err error) bool {
 		fmt.Printf("error %v\n", err)
 	}
 	return true
+}
+
+// mkcd makes dir, enters it at once and asks getcwd(2) for its name at once
+// and again after wait milliseconds, as `mkdir d && cd d && node` does: the
+// name must stay the directory's for a process inside it.
+func mkcd(dir, wait string) (string, error) {
+	ms, _ := strconv.Atoi(wait)
+	if err := unix.Mkdir(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := unix.Chdir(dir); err != nil {
+		return "", err
+	}
+	first, err := unix.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("getcwd at once: %w", err)
+	}
+	time.Sleep(time.Duration(ms) * time.Millisecond)
+	later, err := unix.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("getcwd after %d ms: %w", ms, err)
+	}
+	if first != later {
+		return "", fmt.Errorf("getcwd said %s, then %s", first, later)
+	}
+	return later, nil
 }

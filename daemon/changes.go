@@ -225,9 +225,9 @@ func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any,
 	return map[string]any{"changes": list, "hidden": hidden}, nil
 }
 
-// mChangesStagedOnly answers commit and discard: only staged sessions
-// have changes held back, and none is staged yet.
-func (d *Daemon) mChangesStagedOnly(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+// mChangesCommit and mChangesDiscard answer -32032: only staged sessions
+// hold changes back, and none is staged yet.
+func (d *Daemon) mChangesCommit(ctx context.Context, params json.RawMessage) (any, *control.Error) {
 	var p struct {
 		Session string   `json:"session"`
 		Paths   []string `json:"paths"`
@@ -236,10 +236,25 @@ func (d *Daemon) mChangesStagedOnly(ctx context.Context, params json.RawMessage)
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	if _, cerr := d.session(ctx, p.Session); cerr != nil {
-		return nil, cerr
+	return nil, d.notStaged(ctx, p.Session)
+}
+
+func (d *Daemon) mChangesDiscard(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	var p struct {
+		Session string   `json:"session"`
+		Paths   []string `json:"paths"`
 	}
-	return nil, control.Errorf(control.CodeNotStaged, "session %q is direct: its changes are in the backing tree already (commit and discard are for staged sessions; use checkpoint.rollback)", p.Session)
+	if err := decodeParams(params, &p); err != nil {
+		return nil, err
+	}
+	return nil, d.notStaged(ctx, p.Session)
+}
+
+func (d *Daemon) notStaged(ctx context.Context, id string) *control.Error {
+	if _, cerr := d.session(ctx, id); cerr != nil {
+		return cerr
+	}
+	return control.Errorf(control.CodeNotStaged, "session %q is direct: its changes are in the backing tree already (commit and discard are for staged sessions; use checkpoint.rollback)", id)
 }
 
 // changesUse is what status shows of a session's store.

@@ -135,3 +135,19 @@ func TestRequestsInFlightBounded(t *testing.T) {
 		t.Errorf("%d requests that are never answered: the client got %.300q", len(lines), got)
 	}
 }
+
+// TestIdsEqualAsTextRefused: 36 and "36" are one id to a reader that
+// takes ids as text: a request under the other while one is in flight is
+// refused, and an answer under the other form is not the request's.
+func TestIdsEqualAsTextRefused(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	g.send(`{"jsonrpc":"2.0","id":36,"method":"tools/list"}`, `{"jsonrpc":"2.0","id":"36","method":"ping"}`)
+	got := g.collect(1500 * time.Millisecond)
+	noSecret(t, got, `a tools/list 36 and a ping "36"`)
+	if !refusedWith(got, "already in flight") {
+		t.Errorf(`the ping under "36" was not refused: %q`, got)
+	}
+	g.send(`{"jsonrpc":"2.0","id":37,"method":"hang"}`)
+	g.send(`{"jsonrpc":"2.0","id":38,"method":"tools/call","params":{"name":"t03","arguments":{"say":[{"jsonrpc":"2.0","id":"37","result":{"tools":[{"name":"secret","inputSchema":{"type":"object"}}]}}]}}}`)
+	noSecret(t, g.collect(1500*time.Millisecond), `an answer under "37" to request 37`)
+}

@@ -4,7 +4,10 @@ package mcpproxy_test
 // outlive the gateway. Through the real gateway and a Python server.
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"syscall"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/condfs/condfs/mcpproxy"
+	"go.uber.org/goleak"
 )
 
 // alive reports whether pid runs (a zombie has ended).
@@ -114,5 +118,55 @@ func TestApprovalsInFlightBounded(t *testing.T) {
 	}
 	if questions != mcpproxy.MaxApprovals || denied != 1 {
 		t.Errorf("%d calls that need approval: %d questions asked, %d denied as too many (want %d and 1)", len(lines), questions, denied, mcpproxy.MaxApprovals)
+	}
+}
+
+// TestRunEndsItsGoroutinesWhenClientGoes: in process, a client that goes
+// with a question pending and calls in flight: the question is answered
+// denied, ClientGone is called once the server's input is closed, and
+// once the server's output ends Run returns with no goroutine of its left.
+func TestRunEndsItsGoroutinesWhenClientGoes(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dec := &atkDecider{}
+	dec.set(func(string) string { return "approval_required" })
+	cr, cw := io.Pipe()
+	or, ow := io.Pipe()
+	sr, sw := io.Pipe()
+	tr, tw := io.Pipe()
+	gone := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- mcpproxy.Run(context.Background(), mcpproxy.Options{Decider: dec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			ApprovalTimeout: time.Hour, ClientGone: func() { close(gone) }}, cr, ow, sw, tr)
+	}()
+	out, in := atkLines(or), atkLines(sr)
+	r := &atkRig{t: t, clientIn: cw, clientOut: out, serverIn: in, serverOut: tw}
+	r.handshake()
+	r.client(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{}}}`)
+	if q := atkNext(t, out, 5*time.Second, "the question"); !strings.Contains(q, "elicitation/create") {
+		t.Fatalf("expected condfs's question, got %s", q)
+	}
+	cw.Close()
+	if got := atkNext(t, out, 5*time.Second, "the call's answer"); !strings.Contains(got, "client is gone") {
+		t.Errorf("the pending call was answered %s", got)
+	}
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("ClientGone was not called")
+	}
+	for range in { // the server's input is closed: its reader ends
+	}
+	tw.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return once the server's output ended")
+	}
+	ow.Close()
+	for range out {
 	}
 }

@@ -116,8 +116,8 @@ type proxy struct {
 	// the server (forwarded, or being decided) and the server's to the
 	// client. An answer is matched to exactly one of them and passed on
 	// as its answer.
-	toServer  map[string]string
-	toClient  map[string]string
+	toServer  inFlight
+	toClient  inFlight
 	approvals map[string]chan *jsonwire.Value // our elicitation ids -> answer
 	// pending approvals asked by an input_required result (protocol
 	// 2026-07-28, multi round-trip): requestState token -> the call it
@@ -274,7 +274,7 @@ func newProxy(opts Options, clientOut, serverIn io.Writer) *proxy {
 	return &proxy{
 		opts: opts, client: &lockedWriter{w: clientOut}, server: &lockedWriter{w: serverIn},
 		gone:     make(chan struct{}),
-		toServer: map[string]string{}, toClient: map[string]string{},
+		toServer: inFlight{}, toClient: inFlight{},
 		approvals: map[string]chan *jsonwire.Value{}, asked: map[string]askedCall{},
 	}
 }
@@ -344,8 +344,7 @@ func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
 		p.mu.Lock()
 		ch, ours := p.approvals[string(m.id)]
 		delete(p.approvals, string(m.id))
-		_, asked := p.toClient[string(m.id)]
-		delete(p.toClient, string(m.id))
+		_, asked := p.toClient.take(m.id)
 		p.mu.Unlock()
 		switch {
 		case ours:
@@ -387,25 +386,52 @@ func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
 
 var errTooMany = errors.New("too many requests in flight")
 
+// inFlight are the requests one side has sent and not had answered, by
+// the id's text (a string's characters, a number's digits): a reader that
+// takes 1 and "1" for one id is never given two requests under it. Each
+// keeps its id exactly, and its method. Guarded by proxy.mu.
+type inFlight map[string]request
+
+type request struct{ id, method string }
+
+func idKey(id []byte) string {
+	var s string
+	if len(id) > 0 && id[0] == '"' && json.Unmarshal(id, &s) == nil {
+		return s
+	}
+	return string(id)
+}
+
+// take ends the request an answer under id answers, exactly that id, and
+// returns its method.
+func (f inFlight) take(id []byte) (method string, ok bool) {
+	r, ok := f[idKey(id)]
+	if !ok || r.id != string(id) {
+		return "", false
+	}
+	delete(f, idKey(id))
+	return r.method, true
+}
+
 // track records a request in flight in reqs (toServer or toClient): its id
 // must not be in flight already, and at most MaxInFlight may be.
-func (p *proxy) track(reqs map[string]string, m message) error {
+func (p *proxy) track(reqs inFlight, m message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, dup := reqs[string(m.id)]; dup {
-		return fmt.Errorf("id %s is already in flight: a request's id must differ from every other request's awaiting an answer", m.id)
+	if r, dup := reqs[idKey(m.id)]; dup {
+		return fmt.Errorf("id %s is already in flight (as %s): a request's id must differ from every other request's awaiting an answer", m.id, r.id)
 	}
 	if len(reqs) >= MaxInFlight {
 		return fmt.Errorf("%w: %d awaiting an answer, the most condfs relays", errTooMany, len(reqs))
 	}
-	reqs[string(m.id)] = m.method
+	reqs[idKey(m.id)] = request{id: string(m.id), method: m.method}
 	return nil
 }
 
 // untrack ends a client request the proxy answers itself.
 func (p *proxy) untrack(id []byte) {
 	p.mu.Lock()
-	delete(p.toServer, string(id))
+	p.toServer.take(id)
 	p.mu.Unlock()
 }
 
@@ -625,7 +651,7 @@ func (p *proxy) askInResult(id []byte, name string, args []byte, reasons []strin
 		return
 	}
 	p.asked[state] = askedCall{call: callHash(name, args), expires: now.Add(p.opts.ApprovalTimeout)}
-	delete(p.toServer, string(id))
+	p.toServer.take(id)
 	p.mu.Unlock()
 	resp, _ := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "id": json.RawMessage(id),
@@ -767,8 +793,7 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 		}
 	case m.isResponse():
 		p.mu.Lock()
-		method, asked := p.toServer[string(m.id)]
-		delete(p.toServer, string(m.id))
+		method, asked := p.toServer.take(m.id)
 		p.mu.Unlock()
 		if !asked {
 			// An answer the client never asked for, or a second one: it

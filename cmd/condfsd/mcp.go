@@ -106,6 +106,7 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	// input.
 	opts := mcpproxy.Options{Decider: d, Logger: logger, ClientGone: stopIt}
 	runErr := mcpproxy.Run(runCtx, opts, os.Stdin, stdout, sin, sout)
+	sin.Close() // a signal ended the relay: the server's input ends too
 	stopIt()
 	<-exited.done
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {

@@ -67,7 +67,20 @@ func (s *Store) Rollback(ref string, force bool) (Result, error) {
 	}
 	rb.dirTimes()
 	res.Restored = len(rb.done)
-	return res, s.finishRollback(idx, rb.done)
+	// What a rollback left (conflicts) stays recorded: a forced one later
+	// restores it to the same checkpoint's state.
+	var kept []record
+	seenKept := map[key]bool{}
+	for _, recs := range logs {
+		for _, r := range recs {
+			k := key{r.S, r.P}
+			if r.K == kindBefore && !rb.done[k] && !seenKept[k] {
+				seenKept[k] = true
+				kept = append(kept, r)
+			}
+		}
+	}
+	return res, s.finishRollback(idx, rb.done, kept)
 }
 
 type rollback struct {
@@ -430,7 +443,7 @@ func remove(pfd int, name string, cur state) error {
 // new, empty log and the later ones go (meta.json replaced first; then the
 // logs and blobs nothing names). What the session left the restored paths
 // as is noted in the new log.
-func (s *Store) finishRollback(idx int, done map[key]bool) error {
+func (s *Store) finishRollback(idx int, done map[key]bool, kept []record) error {
 	logName := "log-" + strconv.Itoa(s.logN+1)
 	fd, err := safepath.Beneath(s.dirfd, logName, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
@@ -451,11 +464,32 @@ func (s *Store) finishRollback(idx int, done map[key]bool) error {
 	unix.Close(s.logFD)
 	s.logFD = fd
 	s.sizes[logName] = 0
+	keep := map[string]bool{}
+	for _, r := range kept {
+		if r.Blob != "" {
+			keep[r.Blob] = true
+		}
+	}
 	for _, cp := range old {
-		s.dropLog(cp.Log)
+		s.dropLogKeeping(cp.Log, keep)
 	}
 	s.counts = append(s.counts[:idx], map[key]bool{})
 	s.seen = map[key]bool{}
+	for _, r := range kept {
+		if s.appendRec(r) != nil {
+			continue
+		}
+		k := key{r.S, r.P}
+		s.seen[k] = true
+		s.counts[idx][k] = true
+		if r.Blob != "" {
+			br := s.blobOf[logName]
+			br.names = append(br.names, r.Blob)
+			br.size += int64(r.St.Size)
+			s.blobOf[logName] = br
+			s.bytes.Add(int64(r.St.Size))
+		}
+	}
 	// Every path the dropped logs noted keeps its last state in the new
 	// log (an older checkpoint's rollback checks against it).
 	for k := range done {

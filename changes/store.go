@@ -434,9 +434,15 @@ func (s *Store) Create(name string, now time.Time) (cp Checkpoint, dropped *Chec
 }
 
 // dropLog removes a log no checkpoint names and its blobs.
-func (s *Store) dropLog(name string) {
+func (s *Store) dropLog(name string) { s.dropLogKeeping(name, nil) }
+
+// dropLogKeeping is dropLog, keeping the blobs keep names (a newer log
+// records them again).
+func (s *Store) dropLogKeeping(name string, keep map[string]bool) {
 	for _, b := range s.blobOf[name].names {
-		unix.Unlinkat(s.blobs, b, 0)
+		if !keep[b] {
+			unix.Unlinkat(s.blobs, b, 0)
+		}
 	}
 	s.bytes.Add(-(s.blobOf[name].size + s.sizes[name]))
 	delete(s.blobOf, name)

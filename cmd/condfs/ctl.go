@@ -19,7 +19,7 @@ import (
 const ctlUsage = `Usage: condfs ctl [--socket PATH] [--json] COMMAND ...
 
 Commands (one per control method):
-  open ID MOUNT --context ATOM... [--owner UID] [--allow-uid UID]...
+  open ID MOUNT --context ATOM... [--owner UID] [--allow-uid UID]... [--changes direct]
                                       session.open: mount a view for a new session
   close ID                            session.close: unmount it
   list                                session.list
@@ -29,6 +29,10 @@ Commands (one per control method):
                                       path.check: would it see the path, and why
   decide [--session ID] [--role R]... --tool T [--args JSON] [--ctx JSON]
                                       tool.decide
+  checkpoint ID [--name N]            checkpoint.create: what the session changes from now can be undone
+  checkpoints ID                      checkpoint.list
+  diff ID [--since C] [--content]     changes.diff: A/M/D and the path, then unified diffs
+  rollback ID C [--force]             checkpoint.rollback: undo what the session changed since C
   reload                              config.reload
   status                              status
   call METHOD [PARAMS-JSON]           any method, raw
@@ -51,6 +55,11 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&a.ctxJSON, "ctx", "", "caller attributes, a JSON object (decide)")
 	fs.IntVar(&a.owner, "owner", -1, "the uid the view serves (open; root or the daemon's uid only)")
 	fs.UintSliceVar(&a.letIn, "allow-uid", nil, "another uid let into the view (open; root or the daemon's uid only); repeat")
+	fs.StringVar(&a.changes, "changes", "", "direct or staged (open; default: [changes] mode)")
+	fs.StringVar(&a.name, "name", "", "the checkpoint's name (checkpoint)")
+	fs.StringVar(&a.since, "since", "", "a checkpoint: changes since it (diff; default the oldest)")
+	fs.BoolVar(&a.content, "content", false, "unified diffs of text files (diff)")
+	fs.BoolVar(&a.force, "force", false, "restore paths changed outside the view too (rollback)")
 	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage+"\nFlags:\n"+fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -84,7 +93,8 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 // --json): a flag that would be ignored (ctl list --tool x) is a usage
 // error, never silence.
 var ctlOwnFlags = map[string][]string{
-	"open": {"context", "owner", "allow-uid"}, "blocks": {"context"}, "check": {"context"},
+	"open": {"context", "owner", "allow-uid", "changes"}, "blocks": {"context"}, "check": {"context"},
+	"checkpoint": {"name"}, "diff": {"since", "content"}, "rollback": {"force"},
 	"decide": {"session", "role", "tool", "args", "ctx"},
 }
 
@@ -107,6 +117,8 @@ type ctlArgs struct {
 	session, tool, argsJSON, ctxJSON string
 	owner                            int
 	letIn                            []uint
+	changes, name, since             string
+	content, force                   bool
 	stderr                           io.Writer
 }
 
@@ -138,6 +150,11 @@ var ctlCommands = map[string]func(a *ctlArgs) (method string, params any, err er
 	"reload":  func(*ctlArgs) (string, any, error) { return "config.reload", map[string]any{}, nil },
 	"status":  func(*ctlArgs) (string, any, error) { return "status", map[string]any{}, nil },
 	"call":    ctlRawCall,
+
+	"checkpoint":  ctlCheckpoint,
+	"checkpoints": ctlCheckpoints,
+	"diff":        ctlDiff,
+	"rollback":    ctlRollback,
 }
 
 func ctlOpen(a *ctlArgs) (string, any, error) {
@@ -158,6 +175,9 @@ func ctlOpen(a *ctlArgs) (string, any, error) {
 	}
 	if len(a.letIn) > 0 {
 		p["allow_uids"] = a.letIn
+	}
+	if a.changes != "" {
+		p["changes"] = a.changes
 	}
 	return "session.open", p, nil
 }
@@ -292,6 +312,9 @@ func printHuman(w io.Writer, method string, raw json.RawMessage) error {
 			return "(empty context)"
 		}
 		return strings.Join(s, " ")
+	}
+	if printChanges(w, method, m) {
+		return nil
 	}
 	switch method {
 	case "session.open":

@@ -1,0 +1,254 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/condfs/condfs/control"
+)
+
+// changesRules: runRules with the programs that change files.
+const changesRules = privateRule + `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/rm", "/usr/bin/mkdir", "/usr/bin/mv", "/usr/bin/ln", "/usr/bin/chmod", "/usr/bin/rmdir", "/usr/bin/truncate", "/usr/bin/cat"]
+pids = 64
+`
+
+// shAsNobody runs a shell script as uid 65534 in dir (a view): what an
+// agent's file tools do.
+func shAsNobody(t *testing.T, dir, script string) string {
+	t.Helper()
+	// cd as 65534: the view admits its owner only, not root.
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", `cd "$1" && eval "$2"`, "sh", dir, script)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %s", script, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// backingTree describes a backing directory: each path's type, mode,
+// content or target, and a file's mtime.
+func backingTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return err
+		}
+		st, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		desc := st.Mode().String()
+		switch {
+		case st.Mode().IsRegular():
+			b, _ := os.ReadFile(p)
+			desc += fmt.Sprintf(" %q %d", b, st.ModTime().UnixNano())
+		case st.Mode()&fs.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			desc += " -> " + l
+		}
+		out[strings.TrimPrefix(p, root)] = desc
+		return nil
+	})
+	return out
+}
+
+func sameBacking(t *testing.T, what string, want, got map[string]string) {
+	t.Helper()
+	var diffs []string
+	for p, w := range want {
+		if g := got[p]; g != w {
+			diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
+		}
+	}
+	for p, g := range got {
+		if _, ok := want[p]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 0 {
+		t.Fatalf("%s:\n%s", what, strings.Join(diffs, "\n"))
+	}
+}
+
+type rollbackResult struct {
+	Restored  int `json:"restored"`
+	Conflicts []struct {
+		Space, Path, Reason string
+	} `json:"conflicts"`
+}
+
+func (d *daemon) checkpoint(session, name string) string {
+	d.t.Helper()
+	var r struct{ ID string }
+	d.call("checkpoint.create", map[string]any{"session": session, "name": name}, &r)
+	return r.ID
+}
+
+func (d *daemon) rollback(session, cp string, force bool) rollbackResult {
+	d.t.Helper()
+	var r rollbackResult
+	d.call("checkpoint.rollback", map[string]any{"session": session, "checkpoint": cp, "force": force}, &r)
+	return r
+}
+
+// TestChangesRollbackUndoesFileToolsAndRuns: every kind of change made by
+// an unprivileged caller through a view, by file tools and by a command in
+// condfs run, is undone by a rollback to the checkpoint before it, back to
+// content, type, mode, target and mtime; several checkpoints roll back in
+// turn; ctl shows the diff like git status.
+func TestChangesRollbackUndoesFileToolsAndRuns(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/a.txt", "alpha\n")
+		h.write("workspace/d/x.txt", "x\n")
+		os.Symlink("a.txt", h.path("workspace/l"))
+		for _, p := range []string{"workspace/a.txt", "workspace/d/x.txt", "workspace/d", "workspace/l"} {
+			os.Lchown(h.path(p), nobody, nobody)
+		}
+	})
+	ws := d.home.path("workspace")
+	start := backingTree(t, ws)
+	cp := d.checkpoint("s", "start")
+	shAsNobody(t, mnt+"/workspace", `printf 'tool\n' >> a.txt && chmod 600 a.txt && printf new > n.txt && mkdir nd && printf f > nd/f && ln -s nd l2 && mv d/x.txt d/y.txt`)
+	mid := backingTree(t, ws)
+	cp2 := d.checkpoint("s", "mid")
+	out, code := condfsRun(t, d, "", "--cwd", "/workspace", "--", "sh", "-c",
+		`rm l && ln -s n.txt l && truncate -s 2 a.txt && mv nd nd2 && printf g > nd2/g && rm d/y.txt && rmdir d && printf run > r.txt`)
+	if code != 0 {
+		t.Fatalf("condfs run: %d %s\n%s", code, out, tail(d.log(), 30))
+	}
+	diff := asNobody(t, "condfs", "ctl", "--socket", d.socket, "diff", "s", "--since", "mid", "--content")
+	for _, want := range []string{"M workspace/a.txt", "D workspace/d/", "A workspace/r.txt", "D workspace/nd/", "A workspace/nd2/", "+run"} {
+		if !strings.Contains(diff, want) {
+			t.Errorf("ctl diff lacks %q:\n%s", want, diff)
+		}
+	}
+	if r := d.rollback("s", cp2, false); len(r.Conflicts) != 0 {
+		t.Fatalf("rollback to mid: %+v", r.Conflicts)
+	}
+	sameBacking(t, "after the rollback to mid", mid, backingTree(t, ws))
+	if got := shAsNobody(t, mnt+"/workspace", "cat a.txt; ls"); got != "alpha\ntool\na.txt\nd\nl\nl2\nn.txt\nnd\nw.txt" {
+		t.Fatalf("the view after the rollback: %q", got)
+	}
+	r := d.rollback("s", cp, false)
+	if len(r.Conflicts) != 0 {
+		t.Fatalf("rollback to start: %+v", r.Conflicts)
+	}
+	sameBacking(t, "after the rollback to start", start, backingTree(t, ws))
+	var list struct {
+		Checkpoints []struct{ ID, Name string }
+	}
+	d.call("checkpoint.list", map[string]any{"session": "s"}, &list)
+	if len(list.Checkpoints) != 1 || list.Checkpoints[0].Name != "start" {
+		t.Fatalf("checkpoints after rolling back to the first: %+v", list.Checkpoints)
+	}
+}
+
+// TestChangesConflictsAreReportedUnlessForced: a file changed in the
+// backing tree after the session changed it is left as it is and reported;
+// with force it is restored. The rest is restored either way.
+func TestChangesConflictsAreReportedUnlessForced(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/a.txt", "alpha\n")
+		os.Chown(h.path("workspace/a.txt"), nobody, nobody)
+	})
+	ws := d.home.path("workspace")
+	cp := d.checkpoint("s", "")
+	shAsNobody(t, mnt+"/workspace", `printf 'session\n' > a.txt && printf b > b.txt`)
+	time.Sleep(10 * time.Millisecond)
+	os.WriteFile(filepath.Join(ws, "a.txt"), []byte("outside\n"), 0o644)
+	r := d.rollback("s", cp, false)
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" || r.Conflicts[0].Space != "workspace" {
+		t.Fatalf("conflicts: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "a.txt")); string(b) != "outside\n" {
+		t.Fatalf("a conflict was overwritten: %q", b)
+	}
+	if _, err := os.Lstat(filepath.Join(ws, "b.txt")); !os.IsNotExist(err) {
+		t.Fatalf("b.txt was not removed: %v", err)
+	}
+	cp = d.checkpoint("s", "")
+	shAsNobody(t, mnt+"/workspace", `printf 'session again\n' > a.txt`)
+	os.WriteFile(filepath.Join(ws, "a.txt"), []byte("outside again\n"), 0o644)
+	out := asNobody(t, "condfs", "ctl", "--socket", d.socket, "rollback", "s", cp)
+	if !strings.Contains(out, "conflict workspace/a.txt") {
+		t.Fatalf("ctl rollback: %s", out)
+	}
+	if r := d.rollback("s", cp, true); len(r.Conflicts) != 0 {
+		t.Fatalf("forced: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "a.txt")); string(b) != "outside\n" {
+		t.Fatalf("forced rollback: %q", b)
+	}
+}
+
+// TestChangesSurviveACrash: checkpoints come back with their session after
+// kill -9, and a rollback then restores what the session changed before.
+func TestChangesSurviveACrash(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/a.txt", "alpha\n")
+		os.Chown(h.path("workspace/a.txt"), nobody, nobody)
+	})
+	ws := d.home.path("workspace")
+	start := backingTree(t, ws)
+	d.checkpoint("s", "before")
+	shAsNobody(t, mnt+"/workspace", `printf 'crashed\n' > a.txt && printf n > n.txt && mkdir m`)
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	os.Remove(d.socket)
+	d2 := startDaemon(t, d.home, "--allow-uid", "65534", "--socket-mode", "0666")
+	r := d2.rollback("s", "before", false)
+	if len(r.Conflicts) != 0 || r.Restored != 3 {
+		t.Fatalf("rollback after the crash: %+v\n%s", r, d2.log())
+	}
+	sameBacking(t, "after a crash and a rollback", start, backingTree(t, ws))
+	if got := shAsNobody(t, mnt+"/workspace", "cat a.txt; ls"); got != "alpha\na.txt\nw.txt" {
+		t.Fatalf("the restored view: %q", got)
+	}
+}
+
+// TestChangesBadInputs: each bad input is answered with its code and
+// changes nothing.
+func TestChangesBadInputs(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/a.txt", "alpha\n")
+		os.Chown(h.path("workspace/a.txt"), nobody, nobody)
+	})
+	cp := d.checkpoint("s", "one")
+	shAsNobody(t, mnt+"/workspace", `printf changed > a.txt`)
+	d.callErr("checkpoint.rollback", map[string]any{"session": "s", "checkpoint": "nope"}, control.CodeUnknownCheckpoint)
+	d.callErr("changes.diff", map[string]any{"session": "s", "since": "nope"}, control.CodeUnknownCheckpoint)
+	d.callErr("checkpoint.create", map[string]any{"session": "s", "name": "one"}, control.CodeInvalidParams)
+	d.callErr("checkpoint.create", map[string]any{"session": "s", "name": "../x"}, control.CodeInvalidParams)
+	d.callErr("changes.commit", map[string]any{"session": "s"}, control.CodeNotStaged)
+	d.callErr("changes.discard", map[string]any{"session": "s"}, control.CodeNotStaged)
+	d.callErr("session.open", map[string]any{"id": "st", "mount": d.home.path("mnt/st"), "context": dmCtx, "changes": "staged"}, control.CodeInvalidParams)
+	// Another uid's session: root opens one, 65534 asks for it.
+	d.openFor("roots", 0, dmCtx)
+	d.checkpoint("roots", "")
+	out := asNobody(t, "condfs", "ctl", "--socket", d.socket, "--json", "call", "checkpoint.rollback", `{"session":"roots","checkpoint":"1"}`)
+	if !strings.Contains(out, "another user") {
+		t.Fatalf("another uid's session: %s", out)
+	}
+	if b, _ := os.ReadFile(d.home.path("workspace/a.txt")); string(b) != "changed" {
+		t.Fatalf("a refused request changed the tree: %q", b)
+	}
+	var list struct{ Checkpoints []json.RawMessage }
+	d.call("checkpoint.list", map[string]any{"session": "s"}, &list)
+	if len(list.Checkpoints) != 1 {
+		t.Fatalf("checkpoints: %d", len(list.Checkpoints))
+	}
+	_ = cp
+}

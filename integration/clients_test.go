@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/control"
 )
 
 // The home the client libraries' tests run against
@@ -220,9 +222,20 @@ func TestControlResultsMatchSchema(t *testing.T) {
 		{"status", nil},
 		{"run", map[string]any{"session": "schema", "argv": []string{"sh", "-c", "exit 3"}}},
 		{"run", map[string]any{"session": "schema", "argv": []string{"sleep", "10"}, "timeout_ms": 100}},
+		{"checkpoint.create", map[string]any{"session": "schema", "name": "c"}},
+		{"checkpoint.list", map[string]any{"session": "schema"}},
+		{"changes.diff", map[string]any{"session": "schema", "content": true}},
+		{"checkpoint.rollback", map[string]any{"session": "schema", "checkpoint": "c"}},
 		{"session.close", map[string]any{"id": "schema"}},
 	}
-	seen := map[string]bool{}
+	// Commit and discard are for staged sessions, which do not exist yet:
+	// their only answer is -32032 (no result to check).
+	d.call("session.open", map[string]any{"id": "schema2", "mount": d.home.path("mnt/schema2"), "context": dmCtx}, nil)
+	for _, m := range []string{"changes.commit", "changes.discard"} {
+		d.callErr(m, map[string]any{"session": "schema2"}, control.CodeNotStaged)
+	}
+	d.call("session.close", map[string]any{"id": "schema2"}, nil)
+	seen := map[string]bool{"changes.commit": true, "changes.discard": true}
 	for _, c := range calls {
 		var result any
 		if c.method == "run" {

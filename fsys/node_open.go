@@ -193,7 +193,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (n uint3
 	if errno != 0 {
 		return 0, errno
 	}
-	errno = h.node.view.acts(func() (errno syscall.Errno) {
+	errno = h.change(ctx, func() (errno syscall.Errno) {
 		n, errno = h.lf.Write(ctx, data, off)
 		return errno
 	})
@@ -314,7 +314,7 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 		return errno
 	}
 	defer h.wrote(rec, p)
-	return h.node.view.acts(func() syscall.Errno { return h.lf.Allocate(ctx, off, size, mode) })
+	return h.change(ctx, func() syscall.Errno { return h.lf.Allocate(ctx, off, size, mode) })
 }
 
 var _ = (fs.NodeOpener)((*node)(nil))

@@ -292,6 +292,13 @@ func viewMountOptions(allowOther, debug bool) fuse.MountOptions {
 		// mode bits alone, which let a uid an ACL denies stat what
 		// another uid had looked up.
 		EnableAcl: true,
+		// The kernel leaves clearing the setuid and setgid bits of a file
+		// written, truncated or opened with O_TRUNC to the daemon
+		// (FUSE_HANDLE_KILLPRIV_V2), which makes the change as the caller,
+		// so that the backing kernel clears them as natively (setid.go).
+		// Without it, the kernel first sent a chmod as the writer, which a
+		// writer who does not own the file may not make (EPERM).
+		ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
 		// READDIRPLUS is on. The kernel stamps a READDIRPLUS entry with
 		// the epoch current when it links it, so one decided before a
 		// context switch and linked after would answer stale: ruled

@@ -171,6 +171,8 @@ func shell(in *os.File, out *os.File) {
 			res, err = unix.Getwd()
 		case "mkcd": // mkdir, chdir at once, getcwd(2) at once and again after f[2] ms
 			res, err = mkcd(f[1], f[2])
+		case "modify": // modify PATH HOW: change a file's content one way (modify)
+			err = modify(f[1], f[2])
 		case "rename":
 			err = unix.Rename(f[1], f[2])
 		case "exchange":
@@ -313,4 +315,39 @@ func mkcd(dir, wait string) (string, error) {
 		return "", fmt.Errorf("getcwd said %s, then %s", first, later)
 	}
 	return later, nil
+}
+
+// modify changes the file at p's content as how says, each the way a
+// program would: write(2), pwrite(2), ftruncate(2), truncate(2), an open
+// with O_TRUNC, fallocate(2); or its mode, setuid and setgid on (chmod).
+func modify(p, how string) error {
+	switch how {
+	case "truncate":
+		return unix.Truncate(p, 1)
+	case "chmod": // setuid and setgid on: only the owner may
+		return unix.Chmod(p, 0o6777)
+	}
+	flags := unix.O_WRONLY
+	if how == "otrunc" {
+		flags |= unix.O_TRUNC
+	}
+	fd, err := unix.Open(p, flags, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	switch how {
+	case "write":
+		_, err = unix.Write(fd, []byte("x"))
+	case "pwrite":
+		_, err = unix.Pwrite(fd, []byte("x"), 3)
+	case "ftruncate":
+		err = unix.Ftruncate(fd, 1)
+	case "fallocate":
+		err = unix.Fallocate(fd, 0, 0, 4096)
+	case "otrunc":
+	default:
+		err = fmt.Errorf("unknown way %q", how)
+	}
+	return err
 }

@@ -1,0 +1,124 @@
+package integration
+
+// A setuid or setgid file that a caller may write is written through a
+// view as natively: the write, truncate or O_TRUNC open clears the bits the
+// kernel clears for that caller, and the caller gains nothing (it never sets
+// them, and never clears them on a file it may not write).
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestWritingSetIDFileClearsItsBitsAsNatively: uids 65534 and 65533 change
+// setuid, setgid (with and without group execute) and setuid+setgid files
+// owned by root, by the other uid and by themselves, every way a program
+// does, through a view and on the backing tree directly, one after the
+// other in the same test: each answers the same and leaves the same mode
+// and size; and a chmod that sets both bits, which only the owner may. On the shared connection, on a connection per session, and
+// with a daemon run by uid 65534 (whose view serves it alone).
+func TestWritingSetIDFileClearsItsBitsAsNatively(t *testing.T) {
+	for _, kind := range []string{"shared", "per-session"} {
+		t.Run(kind, func(t *testing.T) {
+			h := openHome(t, privateRule)
+			d := startDaemon(t, h, "--connections="+kind)
+			mnt := h.path("mnt/s")
+			d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": dmCtx, "owner": nobody, "allow_uids": []int{nobody - 1}}, nil)
+			setIDChangesMatchNative(t, h, mnt, nobody, nobody-1)
+		})
+	}
+	t.Run("unprivileged daemon", func(t *testing.T) {
+		requireUnprivilegedFUSE(t)
+		h := openHome(t, privateRule)
+		os.MkdirAll(h.path("run"), 0o755)
+		chownTree(t, h.root, nobody)
+		d := startDaemonUnder(t, h, []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"})
+		mnt := h.path("mnt/s")
+		d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": dmCtx, "owner": nobody}, nil)
+		setIDChangesMatchNative(t, h, mnt, nobody)
+	})
+}
+
+// setIDChangesMatchNative makes every change of every file of
+// TestWritingSetIDFileClearsItsBitsAsNatively as each writer, on h's
+// backing tree and then through the view at mnt, and compares.
+func setIDChangesMatchNative(t *testing.T, h *home, mnt string, writers ...int) {
+	if err := os.Chmod(h.path("workspace"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	shells := map[int]*shellProc{}
+	for _, w := range writers {
+		shells[w] = startShellAs(t, w)
+	}
+	modes := []uint32{0o4777, 0o2777, 0o2767, 0o6777, 0o4755, 0o6755}
+	ways := []string{"write", "pwrite", "ftruncate", "truncate", "otrunc", "fallocate", "chmod"}
+	n, differ := 0, 0
+	for _, owner := range []int{0, nobody, nobody - 1} {
+		for _, mode := range modes {
+			for _, way := range ways {
+				for _, writer := range writers {
+					var got [2]string
+					for i, where := range []string{h.root, mnt} {
+						n++
+						name := fmt.Sprintf("workspace/f%d", n)
+						p := h.write(name, "0123456789")
+						if err := os.Chown(p, owner, owner); err != nil {
+							t.Fatal(err)
+						}
+						if err := os.Chmod(p, os.FileMode(mode&0o777)|unixModeBits(mode)); err != nil {
+							t.Fatal(err)
+						}
+						_, res := shells[writer].do("modify", where+"/"+name, way)
+						st, err := os.Stat(p)
+						if err != nil {
+							t.Fatal(err)
+						}
+						got[i] = fmt.Sprintf("%s, then %o size %d", strings.TrimPrefix(res, "ok "), modeBits(st), st.Size())
+					}
+					if got[0] != got[1] {
+						if differ++; differ <= 8 {
+							t.Errorf("%s by uid %d of a file of uid %d, mode %o: natively %s; through the view %s", way, writer, owner, mode, got[0], got[1])
+						}
+					}
+				}
+			}
+		}
+	}
+	if differ > 0 {
+		t.Errorf("%d of %d changes differ from the native ones", differ, n/2)
+	}
+}
+
+// unixModeBits turns the setuid, setgid and sticky bits of mode into
+// os.FileMode's.
+func unixModeBits(mode uint32) os.FileMode {
+	var m os.FileMode
+	if mode&0o4000 != 0 {
+		m |= os.ModeSetuid
+	}
+	if mode&0o2000 != 0 {
+		m |= os.ModeSetgid
+	}
+	if mode&0o1000 != 0 {
+		m |= os.ModeSticky
+	}
+	return m
+}
+
+// modeBits is a file's permission bits with setuid, setgid and sticky, as
+// chmod(2) takes them.
+func modeBits(st os.FileInfo) uint32 {
+	m := uint32(st.Mode().Perm())
+	if st.Mode()&os.ModeSetuid != 0 {
+		m |= 0o4000
+	}
+	if st.Mode()&os.ModeSetgid != 0 {
+		m |= 0o2000
+	}
+	if st.Mode()&os.ModeSticky != 0 {
+		m |= 0o1000
+	}
+	return m
+}

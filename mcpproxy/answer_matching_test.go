@@ -151,3 +151,31 @@ func TestIdsEqualAsTextRefused(t *testing.T) {
 	g.send(`{"jsonrpc":"2.0","id":38,"method":"tools/call","params":{"name":"t03","arguments":{"say":[{"jsonrpc":"2.0","id":"37","result":{"tools":[{"name":"secret","inputSchema":{"type":"object"}}]}}]}}}`)
 	noSecret(t, g.collect(1500*time.Millisecond), `an answer under "37" to request 37`)
 }
+
+// TestListingShapedAnswerFiltered: an answer whose result lists tools is
+// filtered whatever request it answers (a late answer to a cancelled
+// tools/list is read as the answer of a later request under its id).
+func TestListingShapedAnswerFiltered(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	g.send(`{"jsonrpc":"2.0","id":42,"method":"hang"}`)
+	g.send(`{"jsonrpc":"2.0","id":43,"method":"tools/call","params":{"name":"t03","arguments":{"say":[{"jsonrpc":"2.0","id":42,"result":{"tools":[{"name":"secret","inputSchema":{"type":"object"}}]}}]}}}`)
+	got := g.collect(1500 * time.Millisecond)
+	noSecret(t, got, "a listing under the id of another request")
+	if !strings.Contains(strings.Join(got, "\n"), `"id":42`) {
+		t.Errorf("the answer to 42 did not come (filtered): %q", got)
+	}
+}
+
+// TestCancelledRequestFreesItsId: a request the client cancels is no
+// longer in flight (the server need not answer it): its id may be used
+// again, and it holds no place among MaxInFlight.
+func TestCancelledRequestFreesItsId(t *testing.T) {
+	g := startGateway(t, serve(t), nil)
+	g.send(`{"jsonrpc":"2.0","id":50,"method":"hang"}`,
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":50,"reason":"user"}}`,
+		`{"jsonrpc":"2.0","id":50,"method":"ping"}`)
+	got := g.collect(1500 * time.Millisecond)
+	if len(got) != 1 || !strings.Contains(got[0], `"id":50,"result"`) {
+		t.Errorf("a ping under the id of a cancelled request: %q", got)
+	}
+}

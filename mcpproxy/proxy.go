@@ -23,10 +23,13 @@
 //     method, until it is answered, and an answer is passed on only to
 //     the request it answers (a server's answer to a client's tools/list
 //     is filtered as that listing). A request whose id is already in
-//     flight from the same side, or whose id is null, is refused (the
-//     client gets an error, a server's is dropped); an answer to no
-//     request in flight is dropped. A listing's answer could otherwise be
-//     read as another request's and pass unfiltered.
+//     flight from the same side (1 and "1" are one id), or whose id is
+//     null, is refused (the client gets an error, a server's is dropped);
+//     an answer to no request in flight is dropped. A listing's answer
+//     could otherwise be read as another request's and pass unfiltered.
+//     A cancelled request's id is free again; so that a late answer read
+//     as a later request's cannot list tools, any answer whose result has
+//     tools is filtered as a listing.
 //   - batches (older protocol versions): each message is handled, and
 //     forwarded, on its own line.
 //
@@ -368,6 +371,12 @@ func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
 		}
 	}
 	switch {
+	case m.method == "notifications/cancelled":
+		// The server need not answer a cancelled request: its id is free
+		// again (an answer that comes anyway is dropped, or read as that
+		// of a later request under the id, which is filtered by shape
+		// too: see fromServer).
+		p.cancelled(p.toServer, m)
 	case m.method == "initialize":
 		p.elicit.Store(declared(m.params().Get("capabilities").Get("elicitation")))
 	case m.method == "tools/call":
@@ -426,6 +435,15 @@ func (p *proxy) track(reqs inFlight, m message) error {
 	}
 	reqs[idKey(m.id)] = request{id: string(m.id), method: m.method}
 	return nil
+}
+
+// cancelled ends, in reqs, the request a notifications/cancelled names.
+func (p *proxy) cancelled(reqs inFlight, m message) {
+	if id := m.params().Get("requestId"); id != nil {
+		p.mu.Lock()
+		reqs.take(id.Bytes())
+		p.mu.Unlock()
+	}
 }
 
 // untrack ends a client request the proxy answers itself.
@@ -786,6 +804,8 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 	case m.isRequest() && p.approvalID(m.id):
 		p.opts.Logger.Warn("server request dropped: its id is in condfs's approval namespace", "id", string(m.id))
 		return nil
+	case m.method == "notifications/cancelled":
+		p.cancelled(p.toClient, m)
 	case m.isRequest():
 		if err := p.track(p.toClient, m); err != nil {
 			p.opts.Logger.Warn("server request dropped", "id", string(m.id), "err", err)
@@ -802,14 +822,14 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 			p.opts.Logger.Warn("server answer dropped: it answers no request in flight", "id", string(m.id))
 			return nil
 		}
-		switch method {
-		case "initialize":
+		if method == "initialize" {
 			version, _ := v.Get("result").Get("protocolVersion").Text()
 			p.protocol.Store(version)
-		case "tools/list":
-			if v.Get("result") != nil {
-				p.filterList(ctx, v)
-			}
+		}
+		// A listing's answer is filtered, and so is any answer that holds
+		// a listing (a result with tools), whatever it answers.
+		if r := v.Get("result"); r != nil && (method == "tools/list" || (r.Kind == jsonwire.Object && r.Get("tools") != nil)) {
+			p.filterList(ctx, v)
 		}
 	}
 	return p.client.line(v.Bytes())

@@ -94,9 +94,9 @@ const (
 
 // MaxInFlight bounds the requests each side may have in flight (sent,
 // not yet answered); a client request beyond it is answered with an
-// error, a server's is answered so too. MaxApprovals bounds the approval
-// questions pending at once (each holds a call until the user answers):
-// a call that needs one beyond it is denied.
+// error, a server's is dropped (and logged). MaxApprovals bounds the
+// approval questions pending at once (each holds a call until the user
+// answers): a call that needs one beyond it is denied.
 const (
 	MaxInFlight  = 4096
 	MaxApprovals = 16

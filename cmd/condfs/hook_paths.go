@@ -124,6 +124,9 @@ func resolvePath(cwd, p string, use pathUse) (string, error) {
 	// it is a symlink, and must then lead to a file that exists.
 	p = strings.TrimRight(p, "/")
 	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return "", fmt.Errorf("%q does not name a file", p)
+	}
 	dir, base := p[:i], p[i+1:]
 	if dir == "" {
 		dir = "/"

@@ -47,6 +47,7 @@ func TestHookDecidesResolvedPath(t *testing.T) {
 		{"a symlink to nothing, written", "Write", in{"file_path": ws + "/new.md", "content": "x"}, ws, "deny", "symlink to nothing", ""},
 		{"a symlink loop", "Read", in{"file_path": ws + "/loop/x"}, ws, "deny", "cannot be resolved safely", ""},
 		{"a file as a directory", "Write", in{"file_path": ws + "/README.md/x", "content": "x"}, ws, "deny", "cannot be resolved safely", ""},
+		{"the root, written", "Write", in{"file_path": "/", "content": "x"}, ws, "deny", "does not name a file", ""},
 		{"~user", "Read", in{"file_path": "~root/.bashrc"}, ws, "deny", "~user", ""},
 		{"relative, no cwd", "Read", in{"file_path": "src/main.go"}, "", "deny", "cwd", ""},
 		{"Grep of a symlink out", "Grep", in{"pattern": "root", "path": ws + "/notes.md"}, ws, "deny", "startswith(args.path", ""},

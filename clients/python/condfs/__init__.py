@@ -37,7 +37,10 @@ from ._errors import (
     SESSION_EXISTS,
     TIMED_OUT,
     TOO_MANY,
+    UNCOMMITTED,
+    UNKNOWN_CHECKPOINT,
     UNKNOWN_SESSION,
+    NOT_STAGED,
     CondfsError,
 )
 from ._run import RunResult
@@ -96,5 +99,8 @@ __all__ = [
     "SESSION_EXISTS",
     "TIMED_OUT",
     "TOO_MANY",
+    "UNCOMMITTED",
+    "UNKNOWN_CHECKPOINT",
     "UNKNOWN_SESSION",
+    "NOT_STAGED",
 ]

@@ -9,7 +9,22 @@ from typing import Any, cast
 
 from ._errors import CONNECTION_FAILED, TIMED_OUT, CondfsError, connection_error
 from ._run import RunCanceller, RunResult, run_sync
-from ._types import Block, ConfigStatus, Context, Decision, PathDecision, SessionInfo, Space, Status
+from ._types import (
+    Block,
+    ChangesCommitResult,
+    ChangesDiffResult,
+    ChangesDiscardResult,
+    CheckpointCreateResult,
+    CheckpointInfo,
+    ConfigStatus,
+    Context,
+    Decision,
+    PathDecision,
+    RollbackResult,
+    SessionInfo,
+    Space,
+    Status,
+)
 from ._wire import (
     MAX_LINE,
     REPEATABLE,
@@ -298,3 +313,52 @@ class AsyncSession:
         if discard:
             p["discard"] = True
         await self.client.call("session.close", p)
+
+    # --- checkpoints and changes (docs/changes.md) ---------------------------
+
+    async def checkpoint(self, name: str | None = None) -> CheckpointCreateResult:
+        """Takes a checkpoint of the session's files (a direct session keeps
+        what each path was before its first change after it)."""
+        p: dict[str, Any] = {"session": self.id}
+        if name is not None:
+            p["name"] = name
+        return cast(CheckpointCreateResult, await self.client.call("checkpoint.create", p))
+
+    async def checkpoints(self) -> list[CheckpointInfo]:
+        """The session's checkpoints, oldest first."""
+        return cast("list[CheckpointInfo]", (await self.client.call("checkpoint.list", {"session": self.id}))["checkpoints"])
+
+    async def rollback(self, checkpoint: str, *, force: bool = False) -> RollbackResult:
+        """Restores what the session changed since ``checkpoint`` (an id or a
+        name); paths changed outside the view too are conflicts unless
+        ``force``."""
+        p: dict[str, Any] = {"session": self.id, "checkpoint": checkpoint}
+        if force:
+            p["force"] = True
+        return cast(RollbackResult, await self.client.call("checkpoint.rollback", p))
+
+    async def diff(self, *, since: str | None = None, content: bool = False) -> ChangesDiffResult:
+        """What the session changed since a checkpoint (default the oldest);
+        ``content`` adds a unified diff for each text file."""
+        p: dict[str, Any] = {"session": self.id}
+        if since is not None:
+            p["since"] = since
+        if content:
+            p["content"] = True
+        return cast(ChangesDiffResult, await self.client.call("changes.diff", p))
+
+    async def commit(self, paths: Sequence[str] | None = None, *, force: bool = False) -> ChangesCommitResult:
+        """Writes a staged session's changes (``paths``, else all) to the backing tree."""
+        p: dict[str, Any] = {"session": self.id}
+        if paths is not None:
+            p["paths"] = list(paths)
+        if force:
+            p["force"] = True
+        return cast(ChangesCommitResult, await self.client.call("changes.commit", p))
+
+    async def discard(self, paths: Sequence[str] | None = None) -> ChangesDiscardResult:
+        """Drops a staged session's uncommitted changes (``paths``, else all)."""
+        p: dict[str, Any] = {"session": self.id}
+        if paths is not None:
+            p["paths"] = list(paths)
+        return cast(ChangesDiscardResult, await self.client.call("changes.discard", p))

@@ -12,10 +12,16 @@ from ._errors import CONNECTION_FAILED, TIMED_OUT, CondfsError, connection_error
 from ._run import RunResult, run_sync
 from ._types import (
     Block,
+    ChangesCommitResult,
+    ChangesDiffResult,
+    ChangesDiscardResult,
+    CheckpointCreateResult,
+    CheckpointInfo,
     ConfigStatus,
     Context,
     Decision,
     PathDecision,
+    RollbackResult,
     SessionInfo,
     Space,
     Status,
@@ -296,15 +302,6 @@ def _was_lost(err: CondfsError, conn: _Connection) -> bool:
     return err.code == CONNECTION_FAILED and conn.dead is not None
 
 
-def _changes_params(session: str, **kw: Any) -> dict[str, Any]:
-    """Params of a changes method: the session and the options given."""
-    p: dict[str, Any] = {"session": session}
-    for k, v in kw.items():
-        if v is not None and v is not False:
-            p[k] = list(v) if k == "paths" else v
-    return p
-
-
 class Session:
     """An open session: its id, its view's mountpoint (None for a handle
     made by Client.session) and its atoms as last seen."""
@@ -342,30 +339,6 @@ class Session:
         """What the view does with ``path`` of ``space`` (memories,
         workspace), or whether a run may execute it (exec)."""
         return cast(PathDecision, self.client.call("path.check", {"session": self.id, "space": space, "path": path}))
-
-    def checkpoint(self, name: str | None = None) -> dict[str, Any]:
-        """Makes a checkpoint: what the session changes from now can be
-        rolled back to it (docs/changes.md)."""
-        return dict(self.client.call("checkpoint.create", _changes_params(self.id, name=name)))
-
-    def checkpoints(self) -> list[dict[str, Any]]:
-        return list(self.client.call("checkpoint.list", {"session": self.id})["checkpoints"])
-
-    def rollback(self, checkpoint: str, *, force: bool = False) -> dict[str, Any]:
-        """Undoes what the session changed since ``checkpoint``; paths
-        changed outside the view are conflicts unless ``force``."""
-        return dict(self.client.call("checkpoint.rollback", {"session": self.id, "checkpoint": checkpoint, "force": force}))
-
-    def diff(self, since: str | None = None, *, content: bool = False) -> dict[str, Any]:
-        return dict(self.client.call("changes.diff", _changes_params(self.id, since=since, content=content)))
-
-    def commit(self, paths: Sequence[str] | None = None, *, force: bool = False) -> dict[str, Any]:
-        """Applies a staged session's changes (-32032 for a direct one)."""
-        return dict(self.client.call("changes.commit", _changes_params(self.id, paths=paths, force=force)))
-
-    def discard(self, paths: Sequence[str] | None = None) -> dict[str, Any]:
-        """Drops a staged session's changes (-32032 for a direct one)."""
-        return dict(self.client.call("changes.discard", _changes_params(self.id, paths=paths)))
 
     def decide(
         self,
@@ -410,3 +383,52 @@ class Session:
         if discard:
             p["discard"] = True
         self.client.call("session.close", p)
+
+    # --- checkpoints and changes (docs/changes.md) ---------------------------
+
+    def checkpoint(self, name: str | None = None) -> CheckpointCreateResult:
+        """Takes a checkpoint of the session's files (a direct session keeps
+        what each path was before its first change after it)."""
+        p: dict[str, Any] = {"session": self.id}
+        if name is not None:
+            p["name"] = name
+        return cast(CheckpointCreateResult, self.client.call("checkpoint.create", p))
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """The session's checkpoints, oldest first."""
+        return cast("list[CheckpointInfo]", self.client.call("checkpoint.list", {"session": self.id})["checkpoints"])
+
+    def rollback(self, checkpoint: str, *, force: bool = False) -> RollbackResult:
+        """Restores what the session changed since ``checkpoint`` (an id or a
+        name); paths changed outside the view too are conflicts unless
+        ``force``."""
+        p: dict[str, Any] = {"session": self.id, "checkpoint": checkpoint}
+        if force:
+            p["force"] = True
+        return cast(RollbackResult, self.client.call("checkpoint.rollback", p))
+
+    def diff(self, *, since: str | None = None, content: bool = False) -> ChangesDiffResult:
+        """What the session changed since a checkpoint (default the oldest);
+        ``content`` adds a unified diff for each text file."""
+        p: dict[str, Any] = {"session": self.id}
+        if since is not None:
+            p["since"] = since
+        if content:
+            p["content"] = True
+        return cast(ChangesDiffResult, self.client.call("changes.diff", p))
+
+    def commit(self, paths: Sequence[str] | None = None, *, force: bool = False) -> ChangesCommitResult:
+        """Writes a staged session's changes (``paths``, else all) to the backing tree."""
+        p: dict[str, Any] = {"session": self.id}
+        if paths is not None:
+            p["paths"] = list(paths)
+        if force:
+            p["force"] = True
+        return cast(ChangesCommitResult, self.client.call("changes.commit", p))
+
+    def discard(self, paths: Sequence[str] | None = None) -> ChangesDiscardResult:
+        """Drops a staged session's uncommitted changes (``paths``, else all)."""
+        p: dict[str, Any] = {"session": self.id}
+        if paths is not None:
+            p["paths"] = list(paths)
+        return cast(ChangesDiscardResult, self.client.call("changes.discard", p))

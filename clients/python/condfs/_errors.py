@@ -21,6 +21,9 @@ FORBIDDEN = -32012
 TOO_MANY = -32013
 RUN_DENIED = -32020
 RUN_NOT_FOUND = -32021
+UNCOMMITTED = -32030
+UNKNOWN_CHECKPOINT = -32031
+NOT_STAGED = -32032
 
 # The client's own codes, for what never reached an answer. They are in no
 # range the daemon answers with.

@@ -50,6 +50,7 @@ class _SessionOpenParamsRequired(TypedDict):
 class SessionOpenParams(_SessionOpenParamsRequired, total=False):
     owner: int
     allow_uids: list[int] | None
+    changes: Literal["direct", "staged"]
 
 
 class SessionOpenResult(TypedDict):
@@ -58,16 +59,30 @@ class SessionOpenResult(TypedDict):
     atoms: list[str]
 
 
-class SessionCloseParams(TypedDict):
+class _SessionCloseParamsRequired(TypedDict):
     id: str
 
 
-class SessionInfo(TypedDict):
+class SessionCloseParams(_SessionCloseParamsRequired, total=False):
+    discard: bool
+
+
+class ChangesUse(TypedDict):
+    checkpoints: int
+    bytes: int
+    max_bytes: int
+
+
+class _SessionInfoRequired(TypedDict):
     id: str
     mount: str
     owner: int
     atoms: list[str]
     daemon_reads: int
+
+
+class SessionInfo(_SessionInfoRequired, total=False):
+    changes: ChangesUse
 
 
 class SessionListResult(TypedDict):
@@ -281,6 +296,109 @@ class Status(TypedDict):
     egress: EgressStatus
 
 
+# --- checkpoints and changes (docs/changes.md) ------------------------------
+
+
+class _CheckpointCreateParamsRequired(TypedDict):
+    session: str
+
+
+class CheckpointCreateParams(_CheckpointCreateParamsRequired, total=False):
+    name: str
+
+
+class CheckpointCreateResult(TypedDict):
+    id: str
+    name: str
+    created: str
+
+
+class CheckpointListParams(TypedDict):
+    session: str
+
+
+class CheckpointInfo(TypedDict):
+    id: str
+    name: str
+    created: str
+    changes: int
+
+
+class CheckpointListResult(TypedDict):
+    checkpoints: list[CheckpointInfo]
+
+
+class _CheckpointRollbackParamsRequired(TypedDict):
+    session: str
+    checkpoint: str
+
+
+class CheckpointRollbackParams(_CheckpointRollbackParamsRequired, total=False):
+    force: bool
+
+
+class Conflict(TypedDict):
+    space: Space
+    path: str
+    reason: str
+
+
+class RollbackResult(TypedDict):
+    restored: int
+    conflicts: list[Conflict]
+
+
+class _ChangesDiffParamsRequired(TypedDict):
+    session: str
+
+
+class ChangesDiffParams(_ChangesDiffParamsRequired, total=False):
+    since: str
+    content: bool
+
+
+class _ChangeRequired(TypedDict):
+    space: Space
+    path: str
+    change: Literal["added", "modified", "deleted"]
+
+
+class Change(_ChangeRequired, total=False):
+    diff: str
+    binary: bool
+
+
+class ChangesDiffResult(TypedDict):
+    changes: list[Change]
+    hidden: int
+
+
+class _ChangesCommitParamsRequired(TypedDict):
+    session: str
+
+
+class ChangesCommitParams(_ChangesCommitParamsRequired, total=False):
+    paths: list[str] | None
+    force: bool
+
+
+class ChangesCommitResult(TypedDict):
+    committed: int
+    conflicts: list[Conflict]
+
+
+class _ChangesDiscardParamsRequired(TypedDict):
+    session: str
+
+
+class ChangesDiscardParams(_ChangesDiscardParamsRequired, total=False):
+    paths: list[str] | None
+
+
+class ChangesDiscardResult(TypedDict):
+    discarded: int
+
+
 METHODS: dict[str, tuple[type, type]] = {
     "session.open": (SessionOpenParams, SessionOpenResult),
     "session.close": (SessionCloseParams, EmptyResult),
@@ -294,6 +412,12 @@ METHODS: dict[str, tuple[type, type]] = {
     "tools.callable": (ToolsCallableParams, ToolsCallableResult),
     "config.reload": (EmptyParams, ConfigStatus),
     "status": (EmptyParams, Status),
+    "checkpoint.create": (CheckpointCreateParams, CheckpointCreateResult),
+    "checkpoint.list": (CheckpointListParams, CheckpointListResult),
+    "checkpoint.rollback": (CheckpointRollbackParams, RollbackResult),
+    "changes.diff": (ChangesDiffParams, ChangesDiffResult),
+    "changes.commit": (ChangesCommitParams, ChangesCommitResult),
+    "changes.discard": (ChangesDiscardParams, ChangesDiscardResult),
 }
 """Each socket method's params and result types (the schema's ``methods``)."""
 
@@ -316,6 +440,12 @@ CLIENT_METHODS: dict[str, str] = {
     "tools.callable": "Client.tools_callable",
     "config.reload": "Client.reload_config",
     "status": "Client.status",
+    "checkpoint.create": "Session.checkpoint",
+    "checkpoint.list": "Session.checkpoints",
+    "checkpoint.rollback": "Session.rollback",
+    "changes.diff": "Session.diff",
+    "changes.commit": "Session.commit",
+    "changes.discard": "Session.discard",
 }
 """Which method of Client or Session sends each socket method (and the same
 names on AsyncClient and AsyncSession)."""

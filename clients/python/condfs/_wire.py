@@ -21,7 +21,18 @@ MAX_LINE = 1 << 20
 # one whose connection was lost before its answer is sent again once, on a
 # new connection. session.open, session.close and config.reload are not.
 REPEATABLE = frozenset(
-    {"status", "session.list", "context.get", "context.set", "blocks.list", "path.check", "tool.decide", "tools.callable"}
+    {
+        "status",
+        "session.list",
+        "context.get",
+        "context.set",
+        "blocks.list",
+        "path.check",
+        "tool.decide",
+        "tools.callable",
+        "checkpoint.list",
+        "changes.diff",
+    }
 )
 
 

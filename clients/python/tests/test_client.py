@@ -23,6 +23,7 @@ from condfs import (
     RUN_DENIED,
     RUN_NOT_FOUND,
     SESSION_EXISTS,
+    UNKNOWN_CHECKPOINT,
     UNKNOWN_SESSION,
     AsyncClient,
     Client,
@@ -292,6 +293,31 @@ class Concurrency(Live):
         for t in threads:
             t.join()
         self.assertEqual(results, {n: str(n).encode() * 1000 for n in range(6)})
+
+
+class Changes(Live):
+    def test_checkpoint_diff_rollback(self) -> None:
+        s = self.open()
+        name = f"{s.id}.txt"
+        path = os.path.join(s.mount or "", "workspace", name)
+        cp = s.checkpoint("before")
+        self.assertEqual(cp["name"], "before")
+        with open(path, "w") as f:
+            f.write("new\n")
+        self.assertEqual([(c["id"], c["name"]) for c in s.checkpoints()], [(cp["id"], "before")])
+        d = s.diff(content=True)
+        self.assertEqual([(c["space"], c["path"], c["change"]) for c in d["changes"]], [("workspace", "/" + name, "added")])
+        self.assertEqual(d["hidden"], 0)
+        r = s.rollback("before")
+        self.assertEqual((r["restored"], r["conflicts"]), (1, []))
+        # The view may show the restored path's old entry for a moment
+        # after the answer (the changes layer's, reported).
+        for _ in range(200):
+            if not os.path.exists(path):
+                break
+            time.sleep(0.01)
+        self.assertFalse(os.path.exists(path))
+        self.code(UNKNOWN_CHECKPOINT, s.rollback, "no-such-checkpoint")
 
 
 class Async(Live):

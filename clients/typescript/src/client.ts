@@ -6,11 +6,17 @@ import { Codes, CondfsError, connectionError } from "./errors.js";
 import { runWithCLI, type RunOptions, type RunResult } from "./run.js";
 import type {
   Block,
+  ChangesCommitResult,
+  ChangesDiffResult,
+  ChangesDiscardResult,
+  CheckpointCreateResult,
+  CheckpointInfo,
   ConfigStatus,
   Context,
   Decision,
   Methods,
   PathDecision,
+  RollbackResult,
   SessionCloseParams,
   SessionInfo,
   SessionOpenParams,
@@ -34,6 +40,8 @@ const REPEATABLE = new Set<string>([
   "path.check",
   "tool.decide",
   "tools.callable",
+  "checkpoint.list",
+  "changes.diff",
 ]);
 
 /**
@@ -308,19 +316,18 @@ export class Client {
   /**
    * Mounts a view at `mount` (absolute) for a new session in `context`, and
    * resolves once it is mounted. `owner` and `allowUids` are for root and the
-   * daemon's uid; `changes` is the changes layer's parameter, sent only when
-   * given (a daemon without it answers -32602).
+   * daemon's uid; `changes` is "direct" or "staged" (docs/changes.md), sent
+   * only when given.
    */
   async openSession(
     id: string,
     mount: string,
     context: Context,
-    options: { owner?: number; allowUids?: number[]; changes?: unknown } = {},
+    options: { owner?: number; allowUids?: number[]; changes?: "direct" | "staged" } = {},
   ): Promise<Session> {
-    const params: SessionOpenParams & { changes?: unknown } = { id, mount, context };
+    const params: SessionOpenParams = { id, mount, context };
     if (options.owner !== undefined) params.owner = options.owner;
     if (options.allowUids !== undefined) params.allow_uids = options.allowUids;
-    // The changes layer's parameter (docs/control.md); not yet in the schema.
     if (options.changes !== undefined) params.changes = options.changes;
     const res = await this.call("session.open", params);
     return new Session(this, res.id, res.mount, res.atoms);
@@ -405,6 +412,34 @@ export class Session {
     return this.client.call("path.check", { session: this.id, space, path });
   }
 
+  /** Makes a checkpoint: what the session changes from now can be rolled back to it. */
+  checkpoint(name?: string): Promise<CheckpointCreateResult> {
+    return this.client.call("checkpoint.create", name === undefined ? { session: this.id } : { session: this.id, name });
+  }
+
+  async checkpoints(): Promise<CheckpointInfo[]> {
+    return (await this.client.call("checkpoint.list", { session: this.id })).checkpoints;
+  }
+
+  /** Undoes what the session changed since `checkpoint`; paths changed outside the view are conflicts unless `force`. */
+  rollback(checkpoint: string, opts: { force?: boolean } = {}): Promise<RollbackResult> {
+    return this.client.call("checkpoint.rollback", { session: this.id, checkpoint, force: opts.force ?? false });
+  }
+
+  diff(opts: { since?: string; content?: boolean } = {}): Promise<ChangesDiffResult> {
+    return this.client.call("changes.diff", { session: this.id, ...opts });
+  }
+
+  /** Applies a staged session's changes (-32032 for a direct one). */
+  commit(paths?: string[], opts: { force?: boolean } = {}): Promise<ChangesCommitResult> {
+    return this.client.call("changes.commit", { session: this.id, paths: paths ?? null, force: opts.force ?? false });
+  }
+
+  /** Drops a staged session's changes (-32032 for a direct one). */
+  discard(paths?: string[]): Promise<ChangesDiscardResult> {
+    return this.client.call("changes.discard", { session: this.id, paths: paths ?? null });
+  }
+
   /** A tool call decided in the session's context. A deny is a result: check `decision`. */
   decide(tool: string, args: Record<string, unknown> = {}, options: DecideOptions = {}): Promise<Decision> {
     const p = decideParams(tool, args, options);
@@ -426,10 +461,10 @@ export class Session {
 
   /**
    * Closes the session: its runs are killed and its view unmounted. `discard`
-   * is the changes layer's; it is sent only when true.
+   * drops a staged session's uncommitted changes; it is sent only when true.
    */
   async close(options: { discard?: boolean } = {}): Promise<void> {
-    const p: SessionCloseParams & { discard?: boolean } = { id: this.id };
+    const p: SessionCloseParams = { id: this.id };
     if (options.discard) p.discard = true;
     await this.client.call("session.close", p);
   }

@@ -15,6 +15,9 @@ export const Codes = {
   TOO_MANY: -32013,
   RUN_DENIED: -32020,
   RUN_NOT_FOUND: -32021,
+  UNCOMMITTED: -32030,
+  UNKNOWN_CHECKPOINT: -32031,
+  NOT_STAGED: -32032,
   // The client's own, for what never reached an answer; in no range the
   // daemon answers with.
   /** The socket could not be reached, or the connection was lost before the answer. */

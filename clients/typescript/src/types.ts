@@ -26,6 +26,8 @@ export interface SessionOpenParams {
   owner?: number;
   /** Other uids let into the view (root and the daemon's uid only). */
   allow_uids?: number[] | null;
+  /** direct, or staged (not available yet: refused). docs/changes.md. */
+  changes?: "direct" | "staged";
 }
 
 export interface SessionOpenResult {
@@ -36,6 +38,14 @@ export interface SessionOpenResult {
 
 export interface SessionCloseParams {
   id: string;
+  /** Drop a staged session's uncommitted changes. */
+  discard?: boolean;
+}
+
+export interface ChangesUse {
+  checkpoints: number;
+  bytes: number;
+  max_bytes: number;
 }
 
 export interface SessionInfo {
@@ -44,6 +54,7 @@ export interface SessionInfo {
   owner: number;
   atoms: string[];
   daemon_reads: number;
+  changes?: ChangesUse;
 }
 
 export interface SessionListResult {
@@ -230,6 +241,91 @@ export interface Status {
   egress: EgressStatus;
 }
 
+// Checkpoints and rollback (docs/changes.md).
+
+export interface CheckpointCreateParams {
+  session: string;
+  name?: string;
+}
+
+export interface CheckpointCreateResult {
+  id: string;
+  name: string;
+  /** RFC 3339. */
+  created: string;
+}
+
+export interface CheckpointListParams {
+  session: string;
+}
+
+export interface CheckpointInfo {
+  id: string;
+  name: string;
+  created: string;
+  changes: number;
+}
+
+export interface CheckpointListResult {
+  checkpoints: CheckpointInfo[];
+}
+
+export interface CheckpointRollbackParams {
+  session: string;
+  checkpoint: string;
+  force?: boolean;
+}
+
+export interface Conflict {
+  space: Space;
+  path: string;
+  reason: string;
+}
+
+export interface RollbackResult {
+  restored: number;
+  conflicts: Conflict[];
+}
+
+export interface ChangesDiffParams {
+  session: string;
+  since?: string;
+  content?: boolean;
+}
+
+export interface Change {
+  space: Space;
+  path: string;
+  change: "added" | "modified" | "deleted";
+  diff?: string;
+  binary?: boolean;
+}
+
+export interface ChangesDiffResult {
+  changes: Change[];
+  hidden: number;
+}
+
+export interface ChangesCommitParams {
+  session: string;
+  paths?: string[] | null;
+  force?: boolean;
+}
+
+export interface ChangesCommitResult {
+  committed: number;
+  conflicts: Conflict[];
+}
+
+export interface ChangesDiscardParams {
+  session: string;
+  paths?: string[] | null;
+}
+
+export interface ChangesDiscardResult {
+  discarded: number;
+}
+
 /** Each socket method's params and result (the schema's `methods`). */
 export interface Methods {
   "session.open": { params: SessionOpenParams; result: SessionOpenResult };
@@ -244,6 +340,12 @@ export interface Methods {
   "tools.callable": { params: ToolsCallableParams; result: ToolsCallableResult };
   "config.reload": { params: EmptyParams; result: ConfigStatus };
   status: { params: EmptyParams; result: Status };
+  "checkpoint.create": { params: CheckpointCreateParams; result: CheckpointCreateResult };
+  "checkpoint.list": { params: CheckpointListParams; result: CheckpointListResult };
+  "checkpoint.rollback": { params: CheckpointRollbackParams; result: RollbackResult };
+  "changes.diff": { params: ChangesDiffParams; result: ChangesDiffResult };
+  "changes.commit": { params: ChangesCommitParams; result: ChangesCommitResult };
+  "changes.discard": { params: ChangesDiscardParams; result: ChangesDiscardResult };
 }
 
 /** The lines a client may send on a run's connection while it goes on. */
@@ -266,4 +368,10 @@ export const CLIENT_METHODS = {
   "tools.callable": "Client.toolsCallable",
   "config.reload": "Client.reloadConfig",
   status: "Client.status",
+  "checkpoint.create": "Session.checkpoint",
+  "checkpoint.list": "Session.checkpoints",
+  "checkpoint.rollback": "Session.rollback",
+  "changes.diff": "Session.diff",
+  "changes.commit": "Session.commit",
+  "changes.discard": "Session.discard",
 } as const satisfies Record<keyof Methods, string>;

@@ -7,7 +7,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes, randomUUID } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { Client, Codes, CondfsError } from "../dist/index.js";
@@ -173,4 +173,24 @@ test("many requests at once on one connection are matched by id", async () => {
   );
   const runs = await Promise.all([0, 1, 2, 3].map((n) => s.run(["cat"], { input: String(n).repeat(1000) })));
   assert.deepEqual(runs.map((r) => r.stdout.toString()), [0, 1, 2, 3].map((n) => String(n).repeat(1000)));
+});
+
+test("checkpoints: take one, see the change, roll it back", async () => {
+  const s = await open();
+  const name = `${s.id}.txt`;
+  const file = join(s.mount, "workspace", name);
+  const cp = await s.checkpoint("before");
+  assert.equal(cp.name, "before");
+  writeFileSync(file, "new\n");
+  assert.deepEqual((await s.checkpoints()).map((c) => [c.id, c.name]), [[cp.id, "before"]]);
+  const d = await s.diff({ content: true });
+  assert.deepEqual(d.changes.map((c) => [c.space, c.path, c.change]), [["workspace", "/" + name, "added"]]);
+  assert.equal(d.hidden, 0);
+  const r = await s.rollback("before");
+  assert.deepEqual([r.restored, r.conflicts], [1, []]);
+  // The view may show the restored path's old entry for a moment after
+  // the answer (the changes layer's, reported); the client's part is done.
+  for (let i = 0; i < 200 && existsSync(file); i++) await new Promise((res) => setTimeout(res, 10));
+  assert.equal(existsSync(file), false);
+  await rejectsWith(Codes.UNKNOWN_CHECKPOINT, s.rollback("no-such-checkpoint"));
 });

@@ -170,3 +170,39 @@ func TestRunEndsItsGoroutinesWhenClientGoes(t *testing.T) {
 	for range out {
 	}
 }
+
+// TestClientGoneWhileNotReading: a client that closes its input and reads
+// nothing more (a call's answer blocks on it) does not keep the server's
+// input open: ClientGone is called within DecideTimeout and a second.
+func TestClientGoneWhileNotReading(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dec := &atkDecider{}
+	dec.set(func(string) string { return "deny" })
+	cr, cw := io.Pipe()
+	or, ow := io.Pipe() // unbuffered: every write to the client waits for a read
+	sr, sw := io.Pipe()
+	tr, tw := io.Pipe()
+	gone := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- mcpproxy.Run(context.Background(), mcpproxy.Options{Decider: dec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			DecideTimeout: 200 * time.Millisecond, ClientGone: func() { close(gone) }}, cr, ow, sw, tr)
+	}()
+	in := atkLines(sr)
+	io.WriteString(cw, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"secret","arguments":{}}}`+"\n")
+	cw.Close()
+	select {
+	case <-gone:
+	case <-time.After(3 * time.Second):
+		t.Error("the client is gone, not reading, and the server's input is still open")
+	}
+	// Read what the client was sent; the server ends.
+	out := atkLines(or)
+	for range in {
+	}
+	tw.Close()
+	<-done
+	ow.Close()
+	for range out {
+	}
+}

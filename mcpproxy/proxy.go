@@ -247,7 +247,16 @@ func Run(ctx context.Context, opts Options, clientIn io.Reader, clientOut io.Wri
 		// decided are answered (each within DecideTimeout), then the
 		// server's input is closed so that it can end.
 		close(p.gone)
-		p.calls.Wait()
+		// Bounded: a call blocked writing to a client that reads no more
+		// must not keep the server's input open.
+		settled := make(chan struct{})
+		go func() { p.calls.Wait(); close(settled) }()
+		t := time.NewTimer(opts.DecideTimeout + time.Second)
+		select {
+		case <-settled:
+		case <-t.C:
+		}
+		t.Stop()
 		serverIn.Close()
 		if opts.ClientGone != nil {
 			opts.ClientGone()

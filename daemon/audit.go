@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -235,7 +236,11 @@ func (d *Daemon) auditPath(session string, atoms cctx.Set, sp acl.Space, path, o
 // checker is the limiter's key for the denials of a path.check made with
 // a context, not a session: each uid's own ("" for all of them let one
 // uid's flood of distinct denied checks hide root's).
-func checker(uid uint32) string { return fmt.Sprintf("\x00uid %d", uid) }
+func checker(uid uint32) string { return fmt.Sprintf("%s%d", uidKey, uid) }
+
+// uidKey begins the limiter's key of a uid (checker): no session id holds
+// a NUL.
+const uidKey = "\x00uid "
 
 // auditPathAs is auditPath, rate-limited under key. The path is clipped
 // in the record and in the limiter's key: a path.check names up to 1 MiB,
@@ -247,7 +252,8 @@ func (d *Daemon) auditPathAs(key, session string, atoms cctx.Set, sp acl.Space, 
 	d.auditDecision(false, key, denialKey{sp.String(), path, op}, "deny", attrs)
 }
 
-// flushCounts forgets a closed session's decisions in both limiters and
+// flushCounts forgets a closed session's decisions (or a uid's made
+// without a session, when the daemon closes) in both limiters and
 // writes what they counted and had not told: for each decision with
 // repeats since its last record, that record again (its strings
 // shortened) with "suppressed" and "flushed"; for unlisted ones, a
@@ -262,9 +268,30 @@ func (d *Daemon) flushCounts(session string, atoms []string) {
 			d.audit.Info(st.msg, append(st.rec, "suppressed", st.suppressed, "flushed", true)...)
 		}
 		if unlisted > 0 {
-			d.audit.Info("unlisted", "kind", "unlisted", "session", session, "atoms", atoms, "decision", l.decision,
-				"unlisted", unlisted, "flushed", true)
+			who := []any{"session", session}
+			if uid, ok := strings.CutPrefix(session, uidKey); ok {
+				who = []any{"session", "", "uid", uid}
+			}
+			d.audit.Info("unlisted", append(append([]any{"kind", "unlisted"}, who...), "atoms", atoms, "decision", l.decision,
+				"unlisted", unlisted, "flushed", true)...)
 		}
+	}
+}
+
+// flushAllCounts tells what both limiters still hold uncounted, for every
+// key left (the decisions made without a session, remembered per uid):
+// the daemon closes.
+func (d *Daemon) flushAllCounts() {
+	keys := map[string]bool{}
+	for _, l := range []*denialLimiter{&d.denials, &d.allowed} {
+		l.mu.Lock()
+		for k := range l.sessions {
+			keys[k] = true
+		}
+		l.mu.Unlock()
+	}
+	for k := range keys {
+		d.flushCounts(k, nil)
 	}
 }
 

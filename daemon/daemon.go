@@ -332,6 +332,7 @@ func (d *Daemon) Close() error {
 	errs = append(errs, d.server.Close())
 	d.warm.close()
 	errs = append(errs, d.closeAll())
+	d.flushAllCounts() // the sessions told theirs as they closed
 	if d.stopMetrics != nil {
 		d.stopMetrics()
 	}

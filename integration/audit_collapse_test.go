@@ -89,6 +89,17 @@ func TestIdenticalAllowedDecisionsCollapse(t *testing.T) {
 		t.Errorf("%d identical allowed decisions in %v: %d records standing for %d, want at most %d records for exactly %d",
 			n, took.Round(time.Millisecond), records, decisions, max, n)
 	}
+	// Made without a session, they are remembered per uid, and what is
+	// untold of them is written when the daemon closes.
+	for i := 0; i < 3; i++ {
+		c.Call("tool.decide", map[string]any{"context": guildCtx, "tool": "exec", "args": map[string]any{"argv": []string{"ls"}, "cwd": "/workspace"}}, nil)
+	}
+	d.stop()
+	if _, told := auditTally(t, d.log(), "decide", func(l string) bool {
+		return strings.Contains(l, `"session":""`) && strings.Contains(l, `"decision":"allow"`) && strings.Contains(l, `"tool":"exec"`)
+	}); told != 4 {
+		t.Errorf("4 allowed decisions made with a context: %d told once the daemon closed", told)
+	}
 }
 
 // TestIdenticalAllowedRequestsCollapse: a run's identical allowed plain

@@ -9,7 +9,11 @@
 // what is passed on is that parse re-encoded as one line of printable
 // ASCII, never the bytes read, so no reader can split it at a CR, U+2028
 // or NEL. A refused client message is answered with an error and never
-// forwarded; a refused server message is dropped and logged. Then:
+// forwarded; a refused server message is dropped and logged. A message
+// is a request (a method and an id), a notification (a method) or an
+// answer (an id and a result or an error), never two: one with a method
+// and a result could be read as an answer by a client that tells answers
+// by their result. Then:
 //
 //   - tools/call: decided first (Decider.Decide) on the parse that is
 //     forwarded. Allowed calls are forwarded. Denied ones are answered to
@@ -25,11 +29,14 @@
 //     is filtered as that listing). A request whose id is already in
 //     flight from the same side (1 and "1" are one id), or whose id is
 //     null, is refused (the client gets an error, a server's is dropped);
-//     an answer to no request in flight is dropped. A listing's answer
+//     an answer to no request in flight is dropped, and so is one to a
+//     tools/call not yet decided (the server was never sent it). A listing's answer
 //     could otherwise be read as another request's and pass unfiltered.
 //     A cancelled request's id is free again; so that a late answer read
 //     as a later request's cannot list tools, any answer whose result has
-//     tools is filtered as a listing.
+//     tools (a key that folds to tools included) is filtered as a
+//     listing, and a key that folds to tools without being it is left
+//     out of every listing.
 //   - batches (older protocol versions): each message is handled, and
 //     forwarded, on its own line.
 //
@@ -193,6 +200,16 @@ func readMessage(v *jsonwire.Value) (message, error) {
 			return message{}, fmt.Errorf("method must be a non-empty string")
 		}
 		m.method = s
+	}
+	// One of the three, never two: a client that tells an answer by its
+	// result would read a server's request that carries one (under the id
+	// of the client's tools/list) as an answer, unfiltered.
+	result, errv := v.Get("result") != nil, v.Get("error") != nil
+	switch {
+	case m.method != "" && (result || errv):
+		return message{}, errors.New("a message is a request, a notification or an answer, never two: a method with a result or an error")
+	case m.method == "" && (m.id == nil || result == errv):
+		return message{}, errors.New("a message is a request, a notification or an answer: an answer has an id and a result or an error (one of them)")
 	}
 	return m, nil
 }
@@ -393,6 +410,8 @@ func (p *proxy) fromClient(ctx context.Context, v *jsonwire.Value) error {
 			return nil // a call without an id gets no answer: nothing runs
 		}
 		p.calls.Add(1)
+		// Tracked, not yet sent: the server is given it, and may answer
+		// it, only once it is decided (p.forward).
 		go func() {
 			defer p.calls.Done()
 			p.call(ctx, m)
@@ -410,7 +429,12 @@ var errTooMany = errors.New("too many requests in flight")
 // keeps its id exactly, and its method. Guarded by proxy.mu.
 type inFlight map[string]request
 
-type request struct{ id, method string }
+type request struct {
+	id, method string
+	// sent: passed on to the other side; a tools/call is only once it is
+	// decided, and until then no answer is its answer.
+	sent bool
+}
 
 func idKey(id []byte) string {
 	var s string
@@ -431,6 +455,28 @@ func (f inFlight) take(id []byte) (method string, ok bool) {
 	return r.method, true
 }
 
+// answer is take for an answer from the other side: the request must
+// have been sent to it (a server that guesses the id of a call pending
+// approval does not answer it).
+func (f inFlight) answer(id []byte) (method string, ok bool) {
+	if r, ok := f[idKey(id)]; !ok || !r.sent {
+		return "", false
+	}
+	return f.take(id)
+}
+
+// forward passes a decided tools/call on to the server, marked sent
+// first so that its answer, however quick, is matched to it.
+func (p *proxy) forward(m message) {
+	p.mu.Lock()
+	if r, ok := p.toServer[idKey(m.id)]; ok && r.id == string(m.id) {
+		r.sent = true
+		p.toServer[idKey(m.id)] = r
+	}
+	p.mu.Unlock()
+	p.server.line(m.v.Bytes())
+}
+
 // track records a request in flight in reqs (toServer or toClient): its id
 // must not be in flight already, and at most MaxInFlight may be.
 func (p *proxy) track(reqs inFlight, m message) error {
@@ -442,7 +488,7 @@ func (p *proxy) track(reqs inFlight, m message) error {
 	if len(reqs) >= MaxInFlight {
 		return fmt.Errorf("%w: %d awaiting an answer, the most condfs relays", errTooMany, len(reqs))
 	}
-	reqs[idKey(m.id)] = request{id: string(m.id), method: m.method}
+	reqs[idKey(m.id)] = request{id: string(m.id), method: m.method, sent: m.method != "tools/call"}
 	return nil
 }
 
@@ -521,7 +567,7 @@ func (p *proxy) call(ctx context.Context, m message) {
 	}
 	switch decision {
 	case "allow":
-		p.server.line(m.v.Bytes())
+		p.forward(m)
 	case "approval_required":
 		if answer := params.Get("inputResponses").Get(approvalKey); answer != nil {
 			// The retry of a call we asked about (multi round-trip).
@@ -535,7 +581,7 @@ func (p *proxy) call(ctx context.Context, m message) {
 					params.Delete("inputResponses")
 					params.Delete("requestState")
 				}
-				p.server.line(m.v.Bytes())
+				p.forward(m)
 				return
 			}
 			p.deny(m.id, name, []string{"approval required"})
@@ -567,7 +613,7 @@ func (p *proxy) call(ctx context.Context, m message) {
 			p.deny(m.id, name, why)
 			return
 		}
-		p.server.line(m.v.Bytes())
+		p.forward(m)
 	default:
 		p.deny(m.id, name, reasons)
 	}
@@ -822,7 +868,7 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 		}
 	case m.isResponse():
 		p.mu.Lock()
-		method, asked := p.toServer.take(m.id)
+		method, asked := p.toServer.answer(m.id)
 		p.mu.Unlock()
 		if !asked {
 			// An answer the client never asked for, or a second one: it
@@ -837,7 +883,7 @@ func (p *proxy) fromServer(ctx context.Context, v *jsonwire.Value) error {
 		}
 		// A listing's answer is filtered, and so is any answer that holds
 		// a listing (a result with tools), whatever it answers.
-		if r := v.Get("result"); r != nil && (method == "tools/list" || (r.Kind == jsonwire.Object && r.Get("tools") != nil)) {
+		if r := v.Get("result"); r != nil && (method == "tools/list" || listsTools(r)) {
 			p.filterList(ctx, v)
 		}
 	}
@@ -861,6 +907,16 @@ func (p *proxy) approvalID(id []byte) bool {
 	return pending
 }
 
+// listsTools reports whether a result has tools, under any case folding
+// (encoding/json reads "Tools" as tools).
+func listsTools(r *jsonwire.Value) bool {
+	if r.Kind != jsonwire.Object {
+		return false
+	}
+	_, folded := r.HasFolded("tools")
+	return folded || r.Get("tools") != nil
+}
+
 // filterList leaves out of a tools/list result the tools the roles can
 // never call; every other field (nextCursor included) stays.
 func (p *proxy) filterList(ctx context.Context, v *jsonwire.Value) {
@@ -869,6 +925,11 @@ func (p *proxy) filterList(ctx context.Context, v *jsonwire.Value) {
 		// Not a listing the proxy can filter: list nothing.
 		result = jsonwire.NewObject()
 		v.Set("result", result)
+	}
+	// A key that folds to tools without being it is a listing to readers
+	// that fold case, unfiltered: it goes, whole.
+	for k, ok := result.HasFolded("tools"); ok; k, ok = result.HasFolded("tools") {
+		result.Delete(k)
 	}
 	var tools []*jsonwire.Value
 	if t := result.Get("tools"); t != nil && t.Kind == jsonwire.Array {

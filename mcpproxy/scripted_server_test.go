@@ -13,7 +13,8 @@ import (
 // scriptedServer is a stdio MCP server in Python that a test steers. It
 // appends every line it reads to $RECV_LOG and answers each request after
 // 200 ms (so that requests sent together are in flight together):
-// initialize, tools/list (echo and secret; twice with ANSWER_TWICE), and
+// initialize, tools/list (echo and secret, under the result's key LIST_KEY
+// or "tools"; twice with ANSWER_TWICE), and
 // any other method with {} (an id null too, answered under null), except
 // "hang", never answered. A tools/call of t03 first writes each message of
 // its arguments' "say" to stdout: the test speaks as the server. With
@@ -44,7 +45,7 @@ for line in sys.stdin:
     if method == "initialize":
         result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "py", "version": "1"}}
     elif method == "tools/list":
-        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}, {"name": "secret", "inputSchema": {"type": "object"}}]}
+        result = {os.environ.get("LIST_KEY", "tools"): [{"name": "echo", "inputSchema": {"type": "object"}}, {"name": "secret", "inputSchema": {"type": "object"}}]}
     elif method == "tools/call":
         for said in (m.get("params", {}).get("arguments") or {}).get("say", []):
             out(said)

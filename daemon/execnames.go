@@ -37,9 +37,22 @@ func hostPlace(p string) string {
 	return path.Join(dir, path.Base(p))
 }
 
+// mergeLinks are the host's merged directories that are links, each with
+// what it resolves to (/bin and /usr/bin).
+func mergeLinks() [][2]string {
+	var out [][2]string
+	for _, d := range mergedDirs {
+		if t, err := filepath.EvalSymlinks(d); err == nil && t != d {
+			out = append(out, [2]string{d, t})
+		}
+	}
+	return out
+}
+
 // spellings are the names that reach the same place as p through the
-// host's directory links (p first): /bin/true and /usr/bin/true.
-func spellings(p string) []string {
+// host's directory links (mergeLinks; p first): /bin/true and
+// /usr/bin/true.
+func spellings(p string, links [][2]string) []string {
 	out := []string{p}
 	add := func(s string) {
 		for _, o := range out {
@@ -51,13 +64,9 @@ func spellings(p string) []string {
 	}
 	place := hostPlace(p)
 	add(place)
-	for _, d := range mergedDirs {
-		t, err := filepath.EvalSymlinks(d)
-		if err != nil || t == d {
-			continue
-		}
-		if rest, ok := strings.CutPrefix(place, t+"/"); ok {
-			add(d + "/" + rest)
+	for _, l := range links {
+		if rest, ok := strings.CutPrefix(place, l[1]+"/"); ok {
+			add(l[0] + "/" + rest)
 		}
 	}
 	return out
@@ -76,11 +85,12 @@ func allowedBinaries(cfg *acl.Config, set cctx.Set, binaries []string) []string 
 		return nil
 	}
 	out := cfg.AllowedBinaries(set, binaries)
+	links := mergeLinks()
 	kept := out[:0]
 	for _, n := range out {
 		ok := true
 		if !strings.HasSuffix(n, "/") {
-			for _, s := range spellings(n)[1:] {
+			for _, s := range spellings(n, links)[1:] {
 				if allow, _ := cfg.Decide(acl.Exec, s, set); !allow {
 					ok = false
 					break

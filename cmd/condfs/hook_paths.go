@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/condfs/condfs/internal/jsonwire"
 )
@@ -18,13 +19,14 @@ import (
 // decides, with the resolved paths, is the input it gives back to Claude
 // Code (updatedInput), so the tool opens what was decided. A path that
 // cannot be resolved safely (missing where it must exist, a symlink to
-// nothing, a loop, a component that is not a directory, ~user) is denied.
+// nothing, a loop, a component that is not a directory, ~user, a file
+// with more than one name) is denied.
 //
 // What the hook cannot close: a path changed between the decision and the
-// tool's open (a symlink planted in between), and what a searched
-// directory holds (Glob and Grep may follow a symlink beneath it). The
-// boundary for files is the session's view (condfs serve), and for
-// commands condfs run.
+// tool's open (a symlink or a hard link planted in between), and what a
+// searched directory holds (Glob and Grep may follow a symlink beneath
+// it, or read a hard link). The boundary for files is the session's view
+// (condfs serve), and for commands condfs run.
 
 // pathUse says what a tool does with a path.
 type pathUse int
@@ -97,8 +99,35 @@ func resolveHookPaths(tool, cwd string, input *jsonwire.Value) (changed bool, wh
 	return changed, ""
 }
 
-// resolvePath resolves p as the tool will open it, from cwd.
+// resolvePath resolves p as the tool will open it, from cwd; a file
+// with more than one name is refused (oneName).
 func resolvePath(cwd, p string, use pathUse) (string, error) {
+	r, err := resolveName(cwd, p, use)
+	if err != nil {
+		return "", err
+	}
+	return r, oneName(r)
+}
+
+// oneName refuses a file (not a directory) with more than one name: a
+// hard link names a file that may be outside the workspace too, and what
+// the tool reads or writes is that file, whichever name the policy was
+// shown. A file that does not exist yet has none.
+func oneName(p string) error {
+	var st syscall.Stat_t
+	switch err := syscall.Stat(p, &st); {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case st.Mode&syscall.S_IFMT != syscall.S_IFDIR && st.Nlink > 1:
+		return fmt.Errorf("%s is a hard link (the file has %d names, and may be named outside too)", p, st.Nlink)
+	}
+	return nil
+}
+
+// resolveName resolves p as the tool will open it, from cwd.
+func resolveName(cwd, p string, use pathUse) (string, error) {
 	switch {
 	case p == "~" || strings.HasPrefix(p, "~/"):
 		home, err := os.UserHomeDir()

@@ -86,3 +86,38 @@ func TestHookDecidesResolvedPath(t *testing.T) {
 		}
 	}
 }
+
+// TestHookDeniesHardLinkedFile: a file with more than one name may be
+// named outside the workspace too (a hard link to a file elsewhere): the
+// hook cannot tell which of its names the policy would allow, and a Read,
+// Write or Edit of it is denied. Directories (whose link count counts
+// their subdirectories) and files with one name are decided as before.
+func TestHookDeniesHardLinkedFile(t *testing.T) {
+	ws, sock := hookWorkspace(t)
+	out := filepath.Join(filepath.Dir(ws), "outside") // same filesystem
+	writeFile(t, out, "secret", "s3cret")
+	if err := os.Link(filepath.Join(out, "secret"), filepath.Join(ws, "notes.md")); err != nil {
+		t.Fatal(err)
+	}
+	type in map[string]any
+	for _, tc := range []struct {
+		tool  string
+		input in
+		want  string
+	}{
+		{"Read", in{"file_path": ws + "/notes.md"}, "deny"},
+		{"Write", in{"file_path": ws + "/notes.md", "content": "x"}, "deny"},
+		{"Edit", in{"file_path": ws + "/notes.md", "old_string": "s", "new_string": "x"}, "deny"},
+		{"Grep", in{"pattern": "s", "path": ws + "/notes.md"}, "deny"},
+		{"Read", in{"file_path": ws + "/README.md"}, "allow"},
+		{"Grep", in{"pattern": "s", "path": ws + "/src"}, "allow"},
+	} {
+		input, _ := json.Marshal(tc.input)
+		payload, _ := json.Marshal(map[string]any{"cwd": ws, "hook_event_name": "PreToolUse", "tool_name": tc.tool, "tool_input": json.RawMessage(input)})
+		got, r := runHookCmd(t, sock, payload)
+		d := got.HookSpecificOutput
+		if r.code != 0 || d.PermissionDecision != tc.want || (tc.want == "deny" && !strings.Contains(d.PermissionDecisionReason, "hard link")) {
+			t.Errorf("%s %s: exit %d, %s (%s); want %s", tc.tool, input, r.code, d.PermissionDecision, d.PermissionDecisionReason, tc.want)
+		}
+	}
+}

@@ -17,7 +17,6 @@ import (
 
 // runPath is one build path's daemon, with one session in a DM.
 type runPath struct {
-	name       string
 	run        func(args ...string) (string, int)
 	shell      func(script string) (io.WriteCloser, chan string)
 	setContext func(atoms []string)
@@ -71,7 +70,6 @@ func eachRunPath(t *testing.T, rules string, f func(t *testing.T, p runPath)) {
 	t.Run("root", func(t *testing.T) {
 		d, _ := runHomeFiles(t, rules, nil)
 		f(t, runPath{
-			name: "root",
 			run: func(args ...string) (string, int) {
 				return condfsRun(t, d, "", append([]string{"--"}, args...)...)
 			},
@@ -86,8 +84,7 @@ func eachRunPath(t *testing.T, rules string, f func(t *testing.T, p runPath)) {
 	t.Run("userns", func(t *testing.T) {
 		a := atk6Home(t, rules, nil)
 		f(t, runPath{
-			name: "userns",
-			run:  func(args ...string) (string, int) { return a.run(t, "", args...) },
+			run: func(args ...string) (string, int) { return a.run(t, "", args...) },
 			shell: func(script string) (io.WriteCloser, chan string) {
 				_, in, lines := a.shell(t, script)
 				return in, lines
@@ -116,7 +113,8 @@ action = "allow"
 // heldScript takes KIND=PATH arguments. In the DM it runs each, opens it
 // O_RDONLY and O_PATH and starts it as a process that stays, and says
 // "held"; once a line comes on stdin it runs each by every route it
-// knows, printing "RAN KIND ROUTE" for each that runs.
+// knows, printing "RAN KIND ROUTE" for each that runs, and "done"; at the
+// next line it runs each by its path again ("BACK-OK KIND").
 const heldScript = `
 import os, subprocess, sys
 LD = "/lib64/ld-linux-x86-64.so.2"
@@ -161,6 +159,11 @@ for kind, p in targets:
     proc.stdin.close()
     proc.wait()
 print("done", flush=True)
+sys.stdin.readline()
+for kind, p in targets:
+    if subprocess.run([p] + args(p, False), stdout=subprocess.DEVNULL).returncode == 0:
+        print("BACK-OK", kind, flush=True)
+print("back", flush=True)
 `
 
 // heldRoutes are the routes heldScript tries.
@@ -207,6 +210,17 @@ func TestWithdrawnBinaryNotExecutableFromHeldDescriptor(t *testing.T) {
 		}
 		if strings.Contains(out, "RAN ") {
 			t.Logf("routes:\n%s", out)
+		}
+		// Back in the DM, the same command runs each again: what the
+		// withdrawal made noexec was the bind it took away, not the
+		// clone the next attach uses.
+		p.setContext(p.dm)
+		fmt.Fprintln(in, "back")
+		out, ok = waitLine(t, lines, "back", 30*time.Second)
+		for _, k := range []string{"elsewhere", "bindir", "shown"} {
+			if !ok || !strings.Contains(out, "BACK-OK "+k) {
+				t.Errorf("back in the DM, %s did not run:\n%s", k, out)
+			}
 		}
 	})
 }

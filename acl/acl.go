@@ -24,6 +24,8 @@ import (
 	"path"
 	"strings"
 
+	"github.com/BurntSushi/toml"
+
 	cctx "github.com/condfs/condfs/context"
 )
 
@@ -98,6 +100,10 @@ type Config struct {
 	blocks  []blockRule
 	sandbox *Sandbox // nil: no [sandbox] table, nothing may be executed
 	changes *Changes // nil: no [changes] table, the defaults (changes.go)
+	egress  *Egress  // nil: no [egress] table, no host inspected (egress.go)
+	secrets []*Secret
+	// secretAt is where each secret's hosts are, while loading.
+	secretAt []toml.Primitive
 }
 
 type rule struct {

@@ -116,9 +116,20 @@ func (l *loader) parse(data []byte) (*Config, error) {
 			if err := l.blocks(c, prim); err != nil {
 				return nil, err
 			}
+		case "egress":
+			if err := l.egress(c, prim); err != nil {
+				return nil, err
+			}
+		case "secrets":
+			if err := l.secrets(c, prim); err != nil {
+				return nil, err
+			}
 		default:
-			return nil, l.failAt(prim, "unknown table [%s] (want [memories.\"/path/\"], [workspace.\"/path/\"], [exec.\"/path\"], [sandbox] or [blocks.NAME])", name)
+			return nil, l.failAt(prim, "unknown table [%s] (want [memories.\"/path/\"], [workspace.\"/path/\"], [exec.\"/path\"], [sandbox], [changes], [blocks.NAME], [egress] or [secrets.NAME])", name)
 		}
+	}
+	if err := l.checkSecretHosts(c); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -138,7 +138,20 @@ func (c *configFile[T]) status() FileStatus {
 }
 
 func newConditions(path string) *configFile[acl.Config] {
-	return &configFile[acl.Config]{path: path, parse: acl.Parse, missing: acl.Empty, rejectEmpty: true}
+	return &configFile[acl.Config]{path: path, parse: parseConditions, missing: acl.Empty, rejectEmpty: true}
+}
+
+// parseConditions loads conditions.toml and reads what its egress tables
+// name (upstream_ca, the secrets' values), as the daemon sees them.
+func parseConditions(path string, data []byte) (*acl.Config, error) {
+	c, err := acl.Parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.ReadValues(); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 func newPolicy(path string) *configFile[constraints.Policy] {

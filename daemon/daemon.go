@@ -121,6 +121,7 @@ type Daemon struct {
 	warm          *warmPool              // sandboxes of the next runs, built ahead (warm.go)
 	egressPool    *egress.Pool           // the node's bound on runs' open connections (egress.go)
 	egressStack   atomic.Pointer[string] // the capture the last gateway got
+	ca            authority              // the egress CA and the roots of inspected hosts (inspect.go)
 	largeDecides  chan struct{}          // a token per large tool.decide being decoded
 
 	stopWatch func()

@@ -77,6 +77,11 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 		link.Close()
 		return nil, errors.New("conditions.toml has no [sandbox] table any more")
 	}
+	ca, err := d.egressCA()
+	if err != nil {
+		link.Close()
+		return nil, err
+	}
 	gw, err := egress.New(egress.Config{
 		Stream: link.Stream, Datagram: link.Datagram, Packet: link.Packet,
 		// [sandbox] hosts as it is at each lookup (reloads apply).
@@ -94,6 +99,7 @@ func (d *Daemon) gateway(s *session, r *sandbox.Run) (*egress.Gateway, error) {
 		Connections: sb.Connections(),
 		Share:       d.egressShare(s, sb.Connections()),
 		Audit:       func(e egress.Event) { d.auditConnect(s, e) },
+		Inspect:     d.inspection(s, ca),
 		Log:         d.log,
 	})
 	if err != nil {
@@ -165,8 +171,11 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 	}
 	attrs := []any{"kind", "connect", "session", s.id, "atoms", s.view.Context().Atoms(),
 		"host", e.Host, "port", e.Port, "protocol", e.Protocol}
-	if e.Protocol == "http" {
+	if e.Protocol == "http" || e.Method != "" {
 		attrs = append(attrs, "method", clip(e.Method), "path", clip(e.Path))
+	}
+	if len(e.Secrets) > 0 {
+		attrs = append(attrs, "secrets", e.Secrets)
 	}
 	if e.Addr.IsValid() {
 		attrs = append(attrs, "addr", e.Addr.String())

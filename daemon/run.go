@@ -209,12 +209,23 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if err := commandAllowed(p.Argv[0], env, allowed); err != nil {
 		return nil, err
 	}
+	var trust []byte
+	var placeholders map[string]string
 	if sb.Network() == acl.NetworkPolicy {
-		env = proxyEnv(env)
+		ca, err := d.egressCA()
+		if err != nil {
+			return nil, runError("cannot start the egress gateway: %v", err)
+		}
+		trust = ca.CertPEM()
+		env = trustEnv(proxyEnv(env))
+		if env, placeholders, err = secretEnv(env, cfg); err != nil {
+			return nil, runError("%v", err)
+		}
 	}
 	spec := d.runSpec(s, sb, p.Argv, env, cwd, allowed)
+	spec.Trust = trust
 	cmd := sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd, TTY: p.TTY, Rows: p.Rows, Cols: p.Cols}
-	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files, p.Roles)
+	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files, p.Roles, placeholders)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -338,7 +349,7 @@ func (d *Daemon) runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd st
 
 // beginRun starts cmd in the session's kept sandbox, or a new one, with
 // files as its stdio and the binaries its context allows as it begins.
-func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File, roles []string) (*activeRun, *control.Error) {
+func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File, roles []string, placeholders map[string]string) (*activeRun, *control.Error) {
 	r := d.warm.take(&s.runs, warmKey(spec, sandbox.Probe().Programs.Indexed))
 	if r != nil {
 		d.warm.warmStarts.Add(1)
@@ -360,6 +371,7 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 		// the last one's is left open (endRun), and whatever is is
 		// decided again as this command's.
 		gw.SetDecider(d.connectDecider(s, roles))
+		gw.SetSecrets(placeholders)
 		gw.Recheck()
 	}
 	a := &activeRun{r: r, binaries: binaries, inRow: d.warm.inRow(&s.runs)}

@@ -251,7 +251,7 @@ func TestCheckRequest(t *testing.T) {
 		var r Request
 		code, msg := 400, "unreadable"
 		if req != nil {
-			_, r, code, msg = checkRequest(req, hosts, c.fixed)
+			_, r, code, msg = checkRequest(req, hosts, c.fixed, "http")
 		}
 		if code != c.code || code == 0 && r.Path != c.path {
 			t.Errorf("%q: code %d (%s), path %q; want %d %q", c.raw, code, msg, r.Path, c.code, c.path)

@@ -134,7 +134,7 @@ func (f *flow) captured(br *bufio.Reader, host string, port int) {
 	case "http":
 		f.serveHTTP(br, &target{host: host, port: port})
 	case "https":
-		f.tunnelTLS(br, host, port)
+		f.https(br, host, port)
 	case "tcp":
 		f.tunnel(br, Request{Host: host, Port: port, Protocol: "tcp"})
 	case "silent":
@@ -609,7 +609,7 @@ func (f *flow) silent(br *bufio.Reader, host string, port int) {
 		case "http":
 			f.serveHTTP(br, &target{host: host, port: port})
 		case "https":
-			f.tunnelTLS(br, host, port)
+			f.https(br, host, port)
 		case "tcp":
 			f.tunnel(br, r) // decided, and refused
 		default:
@@ -649,7 +649,7 @@ func (f *flow) silent(br *bufio.Reader, host string, port int) {
 			f.serveHTTP(br, &target{host: host, port: port})
 		case "https":
 			up.Close()
-			f.tunnelTLS(br, host, port)
+			f.https(br, host, port)
 		default:
 			f.refuse()
 		}

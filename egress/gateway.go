@@ -26,10 +26,13 @@ type Request struct {
 	Path     string // http only: normalised, with the query as sent
 }
 
+// Per request: Method and Path are set for plain HTTP and for HTTPS the
+// gateway terminates (inspect.go); HTTPS decided by its SNI has neither.
+
 // Args is r as the policy's `connect` call takes it.
 func (r Request) Args() map[string]any {
 	m := map[string]any{"host": r.Host, "port": r.Port, "protocol": r.Protocol}
-	if r.Protocol == "http" {
+	if r.Protocol == "http" || r.Method != "" {
 		m["method"], m["path"] = r.Method, r.Path
 	}
 	return m
@@ -56,6 +59,8 @@ type Event struct {
 	Verdict
 	Addr    netip.Addr
 	Refused string
+	// Secrets names the secrets put into the request (never their values).
+	Secrets []string
 }
 
 // Config is a gateway's.
@@ -80,7 +85,10 @@ type Config struct {
 	Share *Share
 	// Audit is told of every decision; nil: nobody.
 	Audit func(Event)
-	Log   *slog.Logger
+	// Inspect, when set, terminates HTTPS to the hosts it names and
+	// decides each request (inspect.go); nil: HTTPS is decided by SNI.
+	Inspect *Inspection
+	Log     *slog.Logger
 }
 
 const (
@@ -121,6 +129,14 @@ type Gateway struct {
 	// Recheck's escapes it.
 	mu    sync.RWMutex
 	flows map[*flow]struct{}
+	// gen counts Rechecks: an upstream connection dialled under another
+	// generation is not used for the next request (one context's
+	// connection never carries another's requests).
+	gen atomic.Uint64
+	// placeholders are the current command's secrets: placeholder to
+	// secret name (SetSecrets).
+	placeholders atomic.Pointer[map[string]string]
+	lastSecrets  map[string]string // the current command's, guarded by mu
 
 	closeOnce sync.Once
 }
@@ -242,6 +258,7 @@ const stackStopWait = time.Second
 // and cuts those it refuses; it returns once they are cut. It returns how
 // many it cut.
 func (g *Gateway) Recheck() int {
+	g.gen.Add(1)
 	return g.cutIf(func(f *flow, r *Request) (Verdict, string) {
 		if r == nil {
 			return Verdict{}, "" // not decided yet: it will be as the Decider decides now

@@ -31,18 +31,35 @@ func (t target) hostPort(defaultPort int) string {
 	return h + ":" + strconv.Itoa(t.port)
 }
 
-// upstreamConn is the connection requests of one target share.
+// upstreamConn is the connection requests of one target share, in one
+// context: a switch or a reload (Recheck) since it was dialled makes the
+// next request dial again.
 type upstreamConn struct {
-	t  target
-	c  net.Conn
-	br *bufio.Reader
+	t   target
+	c   net.Conn
+	br  *bufio.Reader
+	gen uint64 // the gateway's generation when dialled
+}
+
+// defaultPort is proto's port when a Host header names none.
+func defaultPort(proto string) int {
+	if proto == "https" {
+		return 443
+	}
+	return 80
 }
 
 // serveHTTP serves plain-HTTP requests, each decided on its own: to fixed
 // (a captured connection, whose Host must name it), or, when fixed is nil,
 // to the host of each absolute-form request (the proxy). It returns when
 // the connection should end.
-func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) {
+func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) { f.serveRequests(br, fixed, "http") }
+
+// serveRequests serves the requests of a connection speaking HTTP/1.x as
+// proto: "http", or "https" on a connection the gateway terminated
+// (inspect.go), whose requests it sends over TLS it verifies. Both are
+// decided, refused and written again the same way.
+func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 	var up *upstreamConn
 	defer func() {
 		if up != nil {
@@ -69,37 +86,51 @@ func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) {
 			f.status(http.StatusBadRequest, "the request cannot be read: "+err.Error())
 			return
 		}
-		t, r, code, msg := checkRequest(req, hosts, fixed)
+		t, r, code, msg := checkRequest(req, hosts, fixed, proto)
 		if code != 0 {
 			f.status(code, msg)
 			return
 		}
+		gen := f.g.gen.Load()
 		v := f.g.decideFor(f, r)
 		if !v.Allowed() {
 			f.g.audit(Event{Request: r, Verdict: v})
 			f.status(http.StatusForbidden, refusal(r, v, ""))
 			return
 		}
-		if up == nil || up.t != t {
+		sec, leak := f.g.secretsIn(req, r)
+		if leak != "" {
+			f.g.audit(Event{Request: r, Verdict: v, Refused: leak})
+			f.status(http.StatusForbidden, refusal(r, v, leak))
+			return
+		}
+		if up == nil || up.t != t || up.gen != gen {
 			if up != nil {
 				up.c.Close()
 				up = nil
 			}
 			c, addr, why := f.g.dial(t.host, t.port)
-			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why})
+			if c != nil && proto == "https" {
+				c, why = f.g.verifiedTLS(c, t.host)
+			}
+			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why, Secrets: sec.names})
 			if c == nil {
-				f.status(http.StatusForbidden, refusal(r, v, why))
+				code := http.StatusForbidden
+				if addr.IsValid() && proto == "https" && strings.HasPrefix(why, tlsRefusal) {
+					code = http.StatusBadGateway
+				}
+				f.status(code, refusal(r, v, why))
 				return
 			}
 			if !f.g.adopt(f, r, v, c, addr) {
 				f.status(http.StatusForbidden, refusal(r, v, "reach_private no longer lists "+addr.String()))
 				return
 			}
-			up = &upstreamConn{t: t, c: c, br: bufio.NewReaderSize(c, 32<<10)}
+			up = &upstreamConn{t: t, c: c, br: bufio.NewReaderSize(c, 32<<10), gen: gen}
 		} else {
-			f.g.audit(Event{Request: r, Verdict: v})
+			f.g.audit(Event{Request: r, Verdict: v, Secrets: sec.names})
 		}
-		if !f.forward(req, r, t, up) {
+		if !f.forward(req, r, t, up, sec) {
 			return
 		}
 	}
@@ -107,10 +138,10 @@ func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) {
 
 // forward sends req upstream with exactly r's path and relays the answer;
 // it reports whether the connection may serve another request.
-func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn) bool {
+func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn, sec injected) bool {
 	p, q, _ := strings.Cut(r.Path, "?")
 	req.URL = &url.URL{Opaque: p, RawQuery: q, ForceQuery: strings.Contains(r.Path, "?") && q == ""}
-	req.Host = t.hostPort(80)
+	req.Host = t.hostPort(defaultPort(r.Protocol))
 	req.RequestURI = ""
 	for _, h := range []string{"Proxy-Connection", "Proxy-Authorization"} {
 		req.Header.Del(h)
@@ -118,7 +149,20 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn)
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // nothing added
 	}
+	body, leak := f.g.scanBody(req, r)
+	if leak != "" {
+		f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "allow"}, Refused: leak})
+		f.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
+		return false
+	}
 	if err := req.Write(up.c); err != nil {
+		if leak := body.leak(); leak != "" {
+			// The upstream has not had the whole request: it is closed
+			// unfinished, and the program told why.
+			f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "allow"}, Refused: leak})
+			f.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
+			return false
+		}
 		f.status(http.StatusBadGateway, "the request could not be sent: "+err.Error())
 		return false
 	}
@@ -133,6 +177,7 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn)
 			f.status(http.StatusBadGateway, "the server switched protocols, which is not forwarded")
 			return false
 		}
+		sec.redact(resp.Header)
 		werr := resp.Write(f.client)
 		resp.Body.Close()
 		if werr != nil {
@@ -150,14 +195,15 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn)
 // checkRequest finds req's target and its decision's arguments, or the
 // status that refuses it: its Host header must name its target (exactly
 // one, as HTTP/1.1 requires), and upgrades and CONNECT are not forwarded.
-func checkRequest(req *http.Request, hosts []string, fixed *target) (target, Request, int, string) {
+func checkRequest(req *http.Request, hosts []string, fixed *target, proto string) (target, Request, int, string) {
 	bad := func(code int, format string, a ...any) (target, Request, int, string) {
 		return target{}, Request{}, code, fmt.Sprintf(format, a...)
 	}
 	if len(hosts) != 1 {
 		return bad(http.StatusBadRequest, "a request must carry exactly one Host header (it has %d)", len(hosts))
 	}
-	hh, err := parseHostPort(hosts[0], 80)
+	dport := defaultPort(proto)
+	hh, err := parseHostPort(hosts[0], dport)
 	if err != nil {
 		return bad(http.StatusBadRequest, "Host %q: %v", hosts[0], err)
 	}
@@ -165,7 +211,7 @@ func checkRequest(req *http.Request, hosts []string, fixed *target) (target, Req
 	switch {
 	case fixed != nil:
 		if req.URL.Host != "" || req.URL.Scheme != "" {
-			if ut, err := parseHostPort(req.URL.Host, 80); err != nil || ut != *fixed || req.URL.Scheme != "http" {
+			if ut, err := parseHostPort(req.URL.Host, dport); err != nil || ut != *fixed || req.URL.Scheme != proto {
 				return bad(http.StatusBadRequest, "the request's target %q is not this connection's host", req.URL.Host)
 			}
 		}
@@ -182,13 +228,18 @@ func checkRequest(req *http.Request, hosts []string, fixed *target) (target, Req
 		}
 	}
 	if hh != t {
-		return bad(http.StatusBadRequest, "the Host header names %s, not the request's target %s", hosts[0], t.hostPort(80))
+		return bad(http.StatusBadRequest, "the Host header names %s, not the request's target %s", hosts[0], t.hostPort(dport))
 	}
 	if req.Method == http.MethodConnect {
 		return bad(http.StatusMethodNotAllowed, "CONNECT is not forwarded inside a connection")
 	}
 	if req.Header.Get("Upgrade") != "" {
 		return bad(http.StatusNotImplemented, "protocol upgrades are not forwarded")
+	}
+	if len(req.Trailer) > 0 || req.Header.Get("Trailer") != "" {
+		// What trailers would carry arrives after the request was
+		// decided and its head sent.
+		return bad(http.StatusBadRequest, "request trailers are not forwarded")
 	}
 	switch req.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete, http.MethodTrace:
@@ -202,7 +253,7 @@ func checkRequest(req *http.Request, hosts []string, fixed *target) (target, Req
 	if err != nil {
 		return bad(http.StatusBadRequest, "the request's path: %v", err)
 	}
-	return t, Request{Host: t.host, Port: t.port, Protocol: "http", Method: req.Method, Path: path}, 0, ""
+	return t, Request{Host: t.host, Port: t.port, Protocol: proto, Method: req.Method, Path: path}, 0, ""
 }
 
 // parseHostPort reads host[:port] as decided (canonicalHost).

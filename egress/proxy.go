@@ -63,7 +63,9 @@ func (f *flow) connect(br *bufio.Reader) {
 		f.status(http.StatusBadRequest, "a CONNECT carries no body")
 		return
 	}
-	if v, ok := f.g.anyAllowed(t); !ok {
+	// A tunnel to an inspected host is decided request by request
+	// (inspect.go): nothing to decide before them.
+	if v, ok := f.g.anyAllowed(t); !ok && !f.g.inspected(t.host) {
 		r := Request{Host: t.host, Port: t.port, Protocol: "https"}
 		f.g.audit(Event{Request: r, Verdict: v})
 		f.status(http.StatusForbidden, refusal(r, v, ""))

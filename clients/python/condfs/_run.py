@@ -17,7 +17,7 @@ import selectors
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ._errors import BAD_ANSWER, CONNECTION_FAILED, CondfsError, connection_error
 from ._wire import daemon_word, parse_answer, refused, request_line
@@ -48,7 +48,7 @@ class RunCanceller:
         self._sock: socket.socket | None = None
         self._cancelled = False
 
-    def _attach(self, sock: socket.socket) -> None:
+    def attach(self, sock: socket.socket) -> None:
         with self._lock:
             self._sock = sock
             if self._cancelled:
@@ -87,7 +87,7 @@ def run_sync(
             raise refused(socket_path, e) from None
         sock.settimeout(None)
         if canceller is not None:
-            canceller._attach(sock)
+            canceller.attach(sock)
         if input is None:
             stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             theirs.append(stdin)
@@ -201,10 +201,12 @@ def _serve(
         err = _error_of(answered, socket_path)
         if err is not None:
             raise err
-        res = parse_answer(answered, socket_path).result
-        if not isinstance(res, dict) or not isinstance(res.get("exit"), int):
+        res: Any = parse_answer(answered, socket_path).result
+        exit_code: Any = cast("dict[str, Any]", res).get("exit") if isinstance(res, dict) else None
+        if not isinstance(exit_code, int):
             raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: a run's answer without an exit status")
-        return RunResult(res["exit"], b"".join(bufs["out"]), b"".join(bufs["err"]), str(res.get("message") or ""))
+        message = str(cast("dict[str, Any]", res).get("message") or "")
+        return RunResult(exit_code, b"".join(bufs["out"]), b"".join(bufs["err"]), message)
     finally:
         sel.close()
 

@@ -9,7 +9,7 @@ import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ._errors import BAD_ANSWER, CondfsError, connection_error
 from ._types import Context
@@ -75,16 +75,23 @@ class Answer:
 
 def parse_answer(line: bytes, socket_path: str) -> Answer:
     try:
-        msg = json.loads(line)
+        decoded: Any = json.loads(line)
     except ValueError as e:
         raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: an answer that is not JSON: {e}") from None
-    if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+    if not isinstance(decoded, dict):
         raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: an answer that is not JSON-RPC 2.0")
-    err = msg.get("error")
+    msg = cast("dict[str, Any]", decoded)
+    if msg.get("jsonrpc") != "2.0":
+        raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: an answer that is not JSON-RPC 2.0")
+    err: Any = msg.get("error")
     if err is not None:
-        if not isinstance(err, dict) or not isinstance(err.get("code"), int):
+        if not isinstance(err, dict):
             raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: an error without a code")
-        return Answer(msg.get("id"), None, CondfsError(err["code"], str(err.get("message", "")), err.get("data")))
+        e = cast("dict[str, Any]", err)
+        code = e.get("code")
+        if not isinstance(code, int):
+            raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: an error without a code")
+        return Answer(msg.get("id"), None, CondfsError(code, str(e.get("message", "")), e.get("data")))
     if "result" not in msg:
         raise CondfsError(BAD_ANSWER, f"condfs daemon at {socket_path}: an answer with neither result nor error")
     return Answer(msg.get("id"), msg["result"], None)

@@ -206,3 +206,50 @@ func TestClientGoneWhileNotReading(t *testing.T) {
 	for range out {
 	}
 }
+
+// childPid waits for the pid the server's child wrote.
+func childPid(t *testing.T, g *gateway) string {
+	t.Helper()
+	for i := 0; i < 300; i++ {
+		if pid, err := os.ReadFile(g.pid + ".child"); err == nil && len(pid) > 0 {
+			return string(pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the server's child wrote no pid")
+	return ""
+}
+
+// TestServerChildrenEndWithGateway: a process the server leaves behind
+// (npx, uvx and shell wrappers start the real server as their child),
+// holding the server's output and deaf to SIGTERM, ends with the gateway
+// when its client closes.
+func TestServerChildrenEndWithGateway(t *testing.T) {
+	g := startGateway(t, serve(t), []string{"GRANDCHILD=1"}, "--grace", "300ms")
+	child := childPid(t, g)
+	g.in.Close()
+	if !g.exited(5 * time.Second) {
+		t.Fatal("the gateway still runs 5s after its client closed its input (--grace 300ms)")
+	}
+	for i := 0; i < 100 && alive(child); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(child) {
+		t.Errorf("the server's child (pid %s) outlived the gateway", child)
+	}
+}
+
+// TestServerChildrenDieWithKilledGateway: a gateway killed with SIGKILL
+// takes the processes its server left behind with it too.
+func TestServerChildrenDieWithKilledGateway(t *testing.T) {
+	g := startGateway(t, serve(t), []string{"GRANDCHILD=1", "IGNORE_EOF=1", "IGNORE_TERM=1"})
+	child := childPid(t, g)
+	g.cmd.Process.Signal(syscall.SIGKILL)
+	<-g.done
+	for i := 0; i < 300 && alive(child); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(child) {
+		t.Errorf("the server's child (pid %s) runs on after its gateway was killed", child)
+	}
+}

@@ -20,7 +20,8 @@ import (
 // its arguments' "say" to stdout: the test speaks as the server. With
 // PID_FILE it writes its pid there; with IGNORE_TERM it ignores SIGTERM;
 // with IGNORE_EOF it stays once its input ends, as Node servers with open
-// handles do.
+// handles do; with GRANDCHILD it first forks a child that holds its
+// output, ignores SIGTERM and writes its pid to PID_FILE.child.
 const scriptedServer = `
 import json, os, signal, sys, time
 if os.environ.get("PID_FILE"):
@@ -28,6 +29,15 @@ if os.environ.get("PID_FILE"):
         f.write(str(os.getpid()))
 if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.environ.get("GRANDCHILD") and os.fork() == 0:
+    # A process the server leaves behind (as npx or a shell wrapper does),
+    # holding its output, deaf to SIGTERM.
+    os.close(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.environ["PID_FILE"] + ".child", "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(60)
 def out(m):
     sys.stdout.write(json.dumps(m) + "\n")
     sys.stdout.flush()
@@ -105,8 +115,10 @@ func startGateway(t *testing.T, sock string, env []string, flags ...string) *gat
 		g.in.Close()
 		g.cmd.Process.Kill()
 		<-g.done
-		if pid, err := os.ReadFile(g.pid); err == nil {
-			exec.Command("kill", "-9", string(pid)).Run()
+		for _, f := range []string{g.pid, g.pid + ".child"} {
+			if pid, err := os.ReadFile(f); err == nil {
+				exec.Command("kill", "-9", string(pid)).Run()
+			}
 		}
 	})
 	g.send(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{}},"clientInfo":{"name":"c","version":"1"}}}`)

@@ -11,9 +11,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/internal/cli"
@@ -23,6 +27,9 @@ import (
 // runMCP is `condfs mcp proxy`: an MCP stdio gateway that decides every
 // tools/call through the daemon (package mcpproxy).
 func runMCP(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 1 && args[0] == reapCommand {
+		return runReaper(os.Stdin)
+	}
 	if len(args) == 0 || args[0] != "proxy" {
 		fmt.Fprintln(stderr, "condfs mcp: usage: condfs mcp proxy [--socket S] (--session ID | --context ATOM...) [--role R]... -- SERVER_COMMAND [ARGS...]")
 		return cli.Exit(cli.ExitUsage)
@@ -62,8 +69,17 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	server.Stderr = stderr
 	// The server dies with the gateway, however the gateway ends (SIGKILL
 	// included): a parent-death signal, which startServer keeps tied to
-	// the gateway's life.
-	server.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// the gateway's life. It leads a process group of its own, and what
+	// it starts (npx, uvx and shell wrappers start the real server as
+	// their child) is signalled with it, and killed when the gateway ends
+	// (by the reaper, when the gateway is killed).
+	server.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	reaper, err := startReaper()
+	if err != nil {
+		fmt.Fprintf(stderr, "condfs mcp proxy: %v\n", err)
+		return cli.Exit(cli.ExitFail)
+	}
+	defer reaper.Close()
 	sin, err := server.StdinPipe()
 	if err != nil {
 		return fmt.Errorf("the server's input: %w", err)
@@ -81,6 +97,11 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	soutW.Close()
 	if err != nil {
 		fmt.Fprintf(stderr, "condfs mcp proxy: start %s: %v\n", cmdArgs[0], err)
+		return cli.Exit(cli.ExitFail)
+	}
+	if _, err := fmt.Fprintf(reaper, "%d\n", server.Process.Pid); err != nil {
+		exited.reap(server)
+		fmt.Fprintf(stderr, "condfs mcp proxy: the reaper: %v\n", err)
 		return cli.Exit(cli.ExitFail)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -109,11 +130,14 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	sin.Close() // a signal ended the relay: the server's input ends too
 	stopIt()
 	<-exited.done
+	waitErr := exited.reap(server)
+	// The group is gone: the reaper has nothing to kill.
+	io.WriteString(reaper, reapDone+"\n")
 	if runErr != nil && !errors.Is(runErr, context.Canceled) {
 		logger.Warn("relay ended", "err", runErr)
 	}
 	var ee *exec.ExitError
-	if errors.As(exited.err, &ee) {
+	if errors.As(waitErr, &ee) {
 		if code := ee.ExitCode(); code > 0 {
 			return cli.Exit(code)
 		}
@@ -122,11 +146,19 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	return nil
 }
 
-// serverExit is closed (done) once the server has exited, with err its
-// Wait's.
+// serverExit is closed (done) once the server has exited; it is reaped
+// (reap) only once its process group has been killed: until then the
+// server is a zombie, and its pid, which names the group, cannot be
+// another process's.
 type serverExit struct {
 	done chan struct{}
-	err  error
+}
+
+// reap kills what is left of the server's process group and reaps the
+// server, returning Wait's error.
+func (e *serverExit) reap(server *exec.Cmd) error {
+	syscall.Kill(-server.Process.Pid, syscall.SIGKILL)
+	return server.Wait()
 }
 
 // startServer starts the server from a goroutine locked to its OS thread
@@ -146,7 +178,14 @@ func startServer(server *exec.Cmd) (*serverExit, error) {
 			return
 		}
 		started <- nil
-		exited.err = server.Wait()
+		var info unix.Siginfo
+		for {
+			// Exited, not reaped (WNOWAIT).
+			err := unix.Waitid(unix.P_PID, server.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if err != unix.EINTR {
+				break
+			}
+		}
 		close(exited.done)
 	}()
 	if err := <-started; err != nil {
@@ -167,8 +206,58 @@ func stopServer(server *exec.Cmd, exited <-chan struct{}, grace time.Duration) {
 			return
 		case <-t.C:
 		}
-		server.Process.Signal(sig)
+		// The whole group: the leader is alive, or a zombie not reaped.
+		syscall.Kill(-server.Process.Pid, sig.(syscall.Signal))
 	}
+}
+
+// The reaper (condfsd mcp reap, internal) kills the server's process
+// group when the gateway dies without doing it: it reads the group's id
+// on its input, then waits for the input to end; a gateway that ends as
+// it should writes reapDone first, having killed the group itself.
+const (
+	reapCommand = "reap"
+	reapDone    = "done"
+)
+
+// startReaper starts the reaper; the gateway holds the only writer of its
+// input (close-on-exec: the server never has it).
+func startReaper() (*os.File, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("cannot name condfsd for the reaper: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("the reaper's input: %w", err)
+	}
+	defer r.Close()
+	reaper := exec.Command(self, "mcp", reapCommand)
+	reaper.Stdin = r
+	// Its own group: neither a signal to the gateway's (a terminal's ^C)
+	// nor one to the server's reaches it.
+	reaper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := reaper.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("start the reaper: %w", err)
+	}
+	go reaper.Wait()
+	return w, nil
+}
+
+// runReaper is the reaper: once its input ends, it kills the process
+// group named on it, unless reapDone followed.
+func runReaper(in io.Reader) error {
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	data, _ := io.ReadAll(io.LimitReader(in, 64))
+	f := strings.Fields(string(data))
+	if len(f) != 1 {
+		return nil // nothing started, or reapDone
+	}
+	if pgid, err := strconv.Atoi(f[0]); err == nil && pgid > 1 {
+		syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	return nil
 }
 
 // socketDecider decides through the daemon, over one connection (made

@@ -178,5 +178,6 @@ func (h *Host) each() []*View {
 // (testhooks_condfstest.go); they are zero otherwise.
 type hooks struct {
 	plusDelay   time.Duration // a READDIRPLUS entry waits this long after its decision
+	changeDelay time.Duration // a write or fallocate waits this long after choosing how it acts
 	noLinkWatch bool          // run as a daemon that cannot mark filesystems
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestWritingSetIDFileClearsItsBitsAsNatively: uids 65534 and 65533 change
@@ -121,4 +122,62 @@ func modeBits(st os.FileInfo) uint32 {
 		m |= 0o1000
 	}
 	return m
+}
+
+// TestSetIDSetBeforeAWriteLandsIsCleared: a write (or fallocate) by uid
+// 65534 through a view, to a file it may write (mode 777, of root or of
+// another uid), that lands after the file's owner made it setuid and
+// setgid leaves neither bit, as natively, whatever the file's mode was when
+// the write reached the daemon: a write the daemon made on its own
+// authority (root keeps the bits) would leave a setuid file with the
+// writer's content. The daemon's test build holds each write between
+// choosing how it acts and acting (CONDFS_TEST_CHANGE_DELAY); the owner's
+// chmod falls in that window.
+func TestSetIDSetBeforeAWriteLandsIsCleared(t *testing.T) {
+	t.Setenv("CONDFS_TEST_CHANGE_DELAY", "400ms")
+	for _, kind := range []string{"shared", "per-session"} {
+		t.Run(kind, func(t *testing.T) {
+			h := openHome(t, privateRule)
+			d := startDaemon(t, h, "--connections="+kind)
+			mnt := h.path("mnt/s")
+			d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": dmCtx, "owner": nobody}, nil)
+			if err := os.Chmod(h.path("workspace"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+			sh := startShellAs(t, nobody)
+			for _, owner := range []int{0, nobody - 1} {
+				for _, way := range []string{"write", "pwrite", "fallocate"} {
+					name := fmt.Sprintf("workspace/race-%d-%s", owner, way)
+					p := h.write(name, "0123456789")
+					if err := os.Chown(p, owner, owner); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Chmod(p, 0o777); err != nil {
+						t.Fatal(err)
+					}
+					before, _ := os.Stat(p)
+					done := make(chan string, 1)
+					go func() {
+						_, res := sh.do("modify", mnt+"/"+name, way)
+						done <- res
+					}()
+					time.Sleep(150 * time.Millisecond)
+					if err := os.Chmod(p, 0o777|os.ModeSetuid|os.ModeSetgid); err != nil {
+						t.Fatal(err)
+					}
+					if st, _ := os.Stat(p); st.Size() != before.Size() || !st.ModTime().Equal(before.ModTime()) {
+						t.Fatalf("%s landed before the chmod: the window was missed", way)
+					}
+					res := <-done
+					st, err := os.Stat(p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if st.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
+						t.Errorf("%s by uid %d of a file of uid %d made setuid and setgid while the write waited (%s): mode %o after it", way, nobody, owner, res, modeBits(st))
+					}
+				}
+			}
+		})
+	}
 }

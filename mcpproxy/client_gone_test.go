@@ -253,3 +253,24 @@ func TestServerChildrenDieWithKilledGateway(t *testing.T) {
 		t.Errorf("the server's child (pid %s) runs on after its gateway was killed", child)
 	}
 }
+
+// TestGatewayEndsWhenClientClosesAndServerReadsNothing: a server that
+// reads nothing more (nor ends, nor heeds SIGTERM) holds the gateway in a
+// write to it; a client that then closes its input still ends the
+// gateway and the server, on the timer.
+func TestGatewayEndsWhenClientClosesAndServerReadsNothing(t *testing.T) {
+	g := startGateway(t, serve(t), []string{"STOP_READING=1", "IGNORE_TERM=1"}, "--grace", "300ms")
+	pid := serverPid(t, g)
+	// More than a pipe holds: the gateway's write to the server blocks.
+	g.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":%q}}`, strings.Repeat("x", 1<<20)))
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	g.in.Close()
+	if !g.exited(15 * time.Second) {
+		t.Fatalf("the gateway still runs %v after its client closed its input (--grace 300ms), its server reading nothing", time.Since(start))
+	}
+	t.Logf("the gateway ended %v after its client closed its input", time.Since(start))
+	if alive(pid) {
+		t.Errorf("the server (pid %s) outlived the gateway", pid)
+	}
+}

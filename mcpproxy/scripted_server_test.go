@@ -21,7 +21,8 @@ import (
 // PID_FILE it writes its pid there; with IGNORE_TERM it ignores SIGTERM;
 // with IGNORE_EOF it stays once its input ends, as Node servers with open
 // handles do; with GRANDCHILD it first forks a child that holds its
-// output, ignores SIGTERM and writes its pid to PID_FILE.child.
+// output, ignores SIGTERM and writes its pid to PID_FILE.child; with
+// STOP_READING it reads nothing more once it has answered initialize.
 const scriptedServer = `
 import json, os, signal, sys, time
 if os.environ.get("PID_FILE"):
@@ -61,6 +62,9 @@ for line in sys.stdin:
             out(said)
         result = {"content": [{"type": "text", "text": "done"}]}
     out({"jsonrpc": "2.0", "id": m["id"], "result": result})
+    if method == "initialize" and os.environ.get("STOP_READING"):
+        while True:
+            time.sleep(60)
     if method == "tools/list" and os.environ.get("ANSWER_TWICE"):
         out({"jsonrpc": "2.0", "id": m["id"], "result": result})
 if os.environ.get("IGNORE_EOF"):

@@ -125,7 +125,12 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	// When the client is gone, the server's input is closed and the grace
 	// steps start: nothing waits for a server that ignores the end of its
 	// input.
-	opts := mcpproxy.Options{Decider: d, Logger: logger, ClientGone: stopIt}
+	opts := mcpproxy.Options{Decider: d, Logger: logger, ClientGone: stopIt, DecideTimeout: decideTimeout}
+	// A server that reads nothing more holds the relay in a write to it,
+	// and the relay never reads the end of the client's input: the hang-up
+	// itself starts the grace steps, once Run would have (a client that
+	// closed while the relay was well has had ClientGone called by then).
+	go onHangup(0, func() { time.AfterFunc(decideTimeout+2*time.Second, stopIt) })
 	runErr := mcpproxy.Run(runCtx, opts, os.Stdin, stdout, sin, sout)
 	sin.Close() // a signal ended the relay: the server's input ends too
 	stopIt()
@@ -144,6 +149,28 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 		return cli.Exit(cli.ExitFail)
 	}
 	return nil
+}
+
+// decideTimeout bounds one decision by the daemon.
+const decideTimeout = 5 * time.Second
+
+// onHangup calls then once the writer of fd has closed its end (a pipe's
+// POLLHUP, a socket's POLLRDHUP), whether or not what it wrote has been
+// read. It returns if fd cannot be polled.
+func onHangup(fd int, then func()) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	for {
+		n, err := unix.Poll(fds, -1)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil || fds[0].Revents&unix.POLLNVAL != 0:
+			return
+		case n > 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR) != 0:
+			then()
+			return
+		}
+	}
 }
 
 // serverExit is closed (done) once the server has exited; it is reaped

@@ -688,7 +688,9 @@ func (p *proxy) multiRoundTrip() bool {
 // approvalQuestion is what the user is asked about a call.
 func approvalQuestion(name string, args []byte, reasons []string) map[string]any {
 	// The arguments whole, as forwarded (compact JSON, every character
-	// outside printable ASCII escaped): nothing is cut or hidden.
+	// outside printable ASCII escaped): nothing is cut or hidden. The name
+	// is quoted wherever it is shown (the approve field's description,
+	// shown beside the checkbox, too).
 	text := fmt.Sprintf("Allow the tool call %s with the arguments %s?", strconv.QuoteToASCII(name), args)
 	if len(reasons) > 0 {
 		text += " " + strings.Join(reasons, "; ")
@@ -698,7 +700,7 @@ func approvalQuestion(name string, args []byte, reasons []string) map[string]any
 		"requestedSchema": map[string]any{
 			"type": "object",
 			"properties": map[string]any{
-				"approve": map[string]any{"type": "boolean", "title": "Approve", "description": "Run " + name + " with these arguments"},
+				"approve": map[string]any{"type": "boolean", "title": "Approve", "description": "Run " + strconv.QuoteToASCII(name) + " with these arguments"},
 			},
 			"required": []string{"approve"},
 		},

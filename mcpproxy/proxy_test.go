@@ -58,6 +58,12 @@ roles:
 // serve starts a daemon and returns its socket.
 func serve(t testing.TB) string {
 	t.Helper()
+	return servePolicy(t, policy)
+}
+
+// servePolicy starts a daemon with policy and returns its socket.
+func servePolicy(t testing.TB, policy string) string {
+	t.Helper()
 	root := t.TempDir()
 	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace"} {
 		os.MkdirAll(filepath.Join(root, d), 0o755)

@@ -73,9 +73,9 @@ func BenchmarkFSCreateWriteCheckpoint(b *testing.B) {
 	}
 }
 
-// BenchmarkCheckpointCreate: checkpoint.create over the socket, with the
+// BenchmarkFSCheckpointCreate: checkpoint.create over the socket, with the
 // fixture's tree (over 10,000 files) in the session: nothing walks it.
-func BenchmarkCheckpointCreate(b *testing.B) {
+func BenchmarkFSCheckpointCreate(b *testing.B) {
 	checkpointed(b)
 	for b.Loop() {
 		if err := fx.ctl.Call("checkpoint.create", map[string]any{"session": "c"}, nil); err != nil {
@@ -84,9 +84,9 @@ func BenchmarkCheckpointCreate(b *testing.B) {
 	}
 }
 
-// BenchmarkRollback1000: a checkpoint, 1,000 small files rewritten through
+// BenchmarkFSRollback1000: a checkpoint, 1,000 small files rewritten through
 // the view (not timed), then the rollback (timed).
-func BenchmarkRollback1000(b *testing.B) {
+func BenchmarkFSRollback1000(b *testing.B) {
 	dir := filepath.Join(checkpointed(b), "many")
 	for b.Loop() {
 		b.StopTimer()
@@ -113,9 +113,9 @@ func BenchmarkRollback1000(b *testing.B) {
 	}
 }
 
-// BenchmarkFirstWrite1MiB: the first write to an existing 1 MiB file after
+// BenchmarkFSFirstWrite1MiB: the first write to an existing 1 MiB file after
 // a checkpoint (one copy of it), against cp of the same file natively.
-func BenchmarkFirstWrite1MiB(b *testing.B) {
+func BenchmarkFSFirstWrite1MiB(b *testing.B) {
 	dir := checkpointed(b)
 	src := filepath.Join(fx.backing, "data/big1m")
 	if err := os.WriteFile(src, make([]byte, 1<<20), 0o644); err != nil {

@@ -91,6 +91,11 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 	if why != "" {
 		return "deny", "condfs: " + why, nil
 	}
+	if command, _ := input.Get("command").Text(); tool == "Bash" && strings.IndexByte(command, 0) >= 0 {
+		// Bash drops a NUL from a script it reads ("r\x00m" runs rm), and
+		// no argv carries one: the text decided is never what runs.
+		return "deny", "condfs: the command has a NUL byte, which bash drops (what it runs is not the text decided); denied", nil
+	}
 	args := input.Bytes()
 	if changed {
 		updated = args

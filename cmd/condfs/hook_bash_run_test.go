@@ -88,3 +88,19 @@ func TestHookRoutesBashThroughRun(t *testing.T) {
 		t.Errorf("--bash-via-run with --context: exit 0, %s", r.stdout)
 	}
 }
+
+// TestHookDeniesBashCommandWithNul: bash drops a NUL byte from a script
+// it reads ("r\x00m -rf" runs rm -rf), and no argv can carry one: a Bash
+// command with a NUL is never run as the text decided, and is denied,
+// with --bash-via-run or without. Through the real hook binary.
+func TestHookDeniesBashCommandWithNul(t *testing.T) {
+	sock := fakeDaemon(t, "allow")
+	input, _ := json.Marshal(map[string]any{"command": "r\x00m -rf ~/x", "description": "d"})
+	payload, _ := json.Marshal(map[string]any{"cwd": "/", "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": json.RawMessage(input)})
+	for _, flags := range [][]string{{"--context", "tui"}, {"--session", "s1", "--bash-via-run"}} {
+		r := condfs(t, payload, append([]string{"hook", "claude-code", "--socket", sock}, flags...)...)
+		if r.code != 0 || !strings.Contains(r.stdout, `"permissionDecision":"deny"`) || !strings.Contains(r.stdout, "NUL") {
+			t.Errorf("%v: a command with a NUL byte: exit %d, %s", flags, r.code, r.stdout)
+		}
+	}
+}

@@ -54,7 +54,7 @@ func setIDChangesMatchNative(t *testing.T, h *home, mnt string, writers ...int) 
 		shells[w] = startShellAs(t, w)
 	}
 	modes := []uint32{0o4777, 0o2777, 0o2767, 0o6777, 0o4755, 0o6755}
-	ways := []string{"write", "pwrite", "ftruncate", "truncate", "otrunc", "fallocate", "chmod"}
+	ways := []string{"write", "pwrite", "ftruncate", "truncate", "otrunc", "fallocate", "copyrange", "splice", "chmod"}
 	n, differ := 0, 0
 	for _, owner := range []int{0, nobody, nobody - 1} {
 		for _, mode := range modes {
@@ -124,7 +124,8 @@ func modeBits(st os.FileInfo) uint32 {
 	return m
 }
 
-// TestSetIDSetBeforeAWriteLandsIsCleared: a write (or fallocate) by uid
+// TestSetIDSetBeforeAWriteLandsIsCleared: a write (pwrite, fallocate,
+// copy_file_range, splice) by uid
 // 65534 through a view, to a file it may write (mode 777, of root or of
 // another uid), that lands after the file's owner made it setuid and
 // setgid leaves neither bit, as natively, whatever the file's mode was when
@@ -146,7 +147,7 @@ func TestSetIDSetBeforeAWriteLandsIsCleared(t *testing.T) {
 			}
 			sh := startShellAs(t, nobody)
 			for _, owner := range []int{0, nobody - 1} {
-				for _, way := range []string{"write", "pwrite", "fallocate"} {
+				for _, way := range []string{"write", "pwrite", "fallocate", "copyrange", "splice"} {
 					name := fmt.Sprintf("workspace/race-%d-%s", owner, way)
 					p := h.write(name, "0123456789")
 					if err := os.Chown(p, owner, owner); err != nil {
@@ -158,7 +159,10 @@ func TestSetIDSetBeforeAWriteLandsIsCleared(t *testing.T) {
 					before, _ := os.Stat(p)
 					done := make(chan string, 1)
 					go func() {
-						_, res := sh.do("modify", mnt+"/"+name, way)
+						ok, res := sh.do("modify", mnt+"/"+name, way)
+						if !ok {
+							res = "failed: " + res
+						}
 						done <- res
 					}()
 					time.Sleep(150 * time.Millisecond)
@@ -169,6 +173,9 @@ func TestSetIDSetBeforeAWriteLandsIsCleared(t *testing.T) {
 						t.Fatalf("%s landed before the chmod: the window was missed", way)
 					}
 					res := <-done
+					if strings.HasPrefix(res, "failed: ") {
+						t.Errorf("%s by uid %d of a file of uid %d: %s", way, nobody, owner, res)
+					}
 					st, err := os.Stat(p)
 					if err != nil {
 						t.Fatal(err)

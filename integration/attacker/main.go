@@ -319,7 +319,8 @@ func mkcd(dir, wait string) (string, error) {
 
 // modify changes the file at p's content as how says, each the way a
 // program would: write(2), pwrite(2), ftruncate(2), truncate(2), an open
-// with O_TRUNC, fallocate(2); or its mode, setuid and setgid on (chmod).
+// with O_TRUNC, fallocate(2), copy_file_range(2) from a file beside it,
+// splice(2) from a pipe; or its mode, setuid and setgid on (chmod).
 func modify(p, how string) error {
 	switch how {
 	case "truncate":
@@ -345,9 +346,47 @@ func modify(p, how string) error {
 		err = unix.Ftruncate(fd, 1)
 	case "fallocate":
 		err = unix.Fallocate(fd, 0, 0, 4096)
+	case "copyrange":
+		err = copyRange(p, fd)
+	case "splice":
+		err = spliceIn(fd)
 	case "otrunc":
 	default:
 		err = fmt.Errorf("unknown way %q", how)
 	}
+	return err
+}
+
+// copyRange copies one byte into fd at offset 2 with copy_file_range(2),
+// from a file it makes beside p (the same filesystem) and removes.
+func copyRange(p string, fd int) error {
+	src := fmt.Sprintf("%s.src%d", p, os.Getpid())
+	if err := os.WriteFile(src, []byte("y"), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(src)
+	in, err := unix.Open(src, unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(in)
+	off := int64(2)
+	_, err = unix.CopyFileRange(in, nil, fd, &off, 1, 0)
+	return err
+}
+
+// spliceIn moves one byte from a pipe into fd at offset 5 with splice(2).
+func spliceIn(fd int) error {
+	var pp [2]int
+	if err := unix.Pipe(pp[:]); err != nil {
+		return err
+	}
+	defer unix.Close(pp[0])
+	defer unix.Close(pp[1])
+	if _, err := unix.Write(pp[1], []byte("z")); err != nil {
+		return err
+	}
+	off := int64(5)
+	_, err := unix.Splice(pp[0], nil, fd, &off, 1, 0)
 	return err
 }

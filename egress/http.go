@@ -178,7 +178,14 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn,
 			return false
 		}
 		sec.redact(resp.Header)
-		werr := resp.Write(f.client)
+		// One write for the head (Response.Write writes it line by
+		// line: a TLS record and a segment each on a terminated
+		// connection); the body in writes of the size io.Copy makes.
+		bw := bufio.NewWriterSize(f.client, 32<<10)
+		werr := resp.Write(bw)
+		if werr == nil {
+			werr = bw.Flush()
+		}
 		resp.Body.Close()
 		if werr != nil {
 			return false

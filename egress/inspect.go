@@ -102,6 +102,8 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	conf := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
+		// The run's clients do not resume; a ticket is work for nothing.
+		SessionTicketsDisabled: true,
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			sni = h.ServerName
 			if sni == "" || canonicalHost(sni) != host {
@@ -142,6 +144,9 @@ func (g *Gateway) verifiedTLS(c net.Conn, host string) (net.Conn, string) {
 	if in := g.cfg.Inspect; in != nil && in.Roots != nil {
 		roots = in.Roots()
 	}
+	// No session cache: a resumed session would outlive a reload that
+	// took its root out of upstream_ca, and would link the run's
+	// connections of different contexts for the server.
 	tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
 	ctx, cancel := context.WithTimeout(g.ctx, dialWait)
 	defer cancel()

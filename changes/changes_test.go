@@ -307,12 +307,23 @@ func TestConflictsLeftUnlessForced(t *testing.T) {
 		t.Fatalf("the rest was not restored: %v", err)
 	}
 
+	// What a rollback left stays recorded: forced, the same checkpoint
+	// restores it.
+	must(t, os.WriteFile(filepath.Join(root, "new"), []byte("x"), 0o644))
+	os.Remove(filepath.Join(root, "new"))
+	if res, err := s.Rollback(cp.ID, true); err != nil || len(res.Conflicts) != 0 {
+		t.Fatalf("forced after a conflict: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "a")); string(b) != "alpha\n" {
+		t.Fatalf("a path left for a conflict, forced later: %q", b)
+	}
+
 	cp, _, _ = s.Create("", time.Now())
 	must(t, v.write("/a", "session's again"))
 	must(t, os.WriteFile(filepath.Join(root, "a"), []byte("outside again"), 0o644))
 	res, err = s.Rollback(cp.ID, true)
 	must(t, err)
-	if b, _ := os.ReadFile(filepath.Join(root, "a")); len(res.Conflicts) != 0 || string(b) != "someone else's" {
+	if b, _ := os.ReadFile(filepath.Join(root, "a")); len(res.Conflicts) != 0 || string(b) != "alpha\n" {
 		t.Fatalf("forced: %q %+v", b, res.Conflicts)
 	}
 }

@@ -54,7 +54,7 @@ func setIDChangesMatchNative(t *testing.T, h *home, mnt string, writers ...int) 
 		shells[w] = startShellAs(t, w)
 	}
 	modes := []uint32{0o4777, 0o2777, 0o2767, 0o6777, 0o4755, 0o6755}
-	ways := []string{"write", "pwrite", "ftruncate", "truncate", "otrunc", "fallocate", "copyrange", "splice", "chmod"}
+	ways := []string{"write", "pwrite", "ftruncate", "truncate", "otrunc", "creat", "fallocate", "copyrange", "splice", "chmod"}
 	n, differ := 0, 0
 	for _, owner := range []int{0, nobody, nobody - 1} {
 		for _, mode := range modes {

@@ -319,7 +319,7 @@ func mkcd(dir, wait string) (string, error) {
 
 // modify changes the file at p's content as how says, each the way a
 // program would: write(2), pwrite(2), ftruncate(2), truncate(2), an open
-// with O_TRUNC, fallocate(2), copy_file_range(2) from a file beside it,
+// with O_TRUNC (with and without O_CREAT), fallocate(2), copy_file_range(2) from a file beside it,
 // splice(2) from a pipe; or its mode, setuid and setgid on (chmod).
 func modify(p, how string) error {
 	switch how {
@@ -329,8 +329,11 @@ func modify(p, how string) error {
 		return unix.Chmod(p, 0o6777)
 	}
 	flags := unix.O_WRONLY
-	if how == "otrunc" {
+	switch how {
+	case "otrunc":
 		flags |= unix.O_TRUNC
+	case "creat": // an existing file, opened by open(2) with O_CREAT|O_TRUNC
+		flags |= unix.O_CREAT | unix.O_TRUNC
 	}
 	fd, err := unix.Open(p, flags, 0)
 	if err != nil {
@@ -350,7 +353,7 @@ func modify(p, how string) error {
 		err = copyRange(p, fd)
 	case "splice":
 		err = spliceIn(fd)
-	case "otrunc":
+	case "otrunc", "creat":
 	default:
 		err = fmt.Errorf("unknown way %q", how)
 	}

@@ -990,7 +990,9 @@ func (d *Daemon) decide(ctx context.Context, params json.RawMessage) (any, *cont
 	if decidingRole != nil {
 		roleName = *decidingRole
 	}
-	what := keyOf(append(append([]string{clip(req.Tool)}, clipAll(req.Roles)...), atoms...)...)
+	// The roles and the atoms each in a key of their own: laid end to end,
+	// roles [r, a] with atoms [b] read as roles [r] with atoms [a, b].
+	what := keyOf(clip(req.Tool), keyOf(clipAll(req.Roles)...), keyOf(atoms...))
 	why := keyOf(append([]string{dec.Decision.String(), roleName}, clipAll(dec.Reasons)...)...)
 	d.auditDecision(dec.Decision.String() == "allow", key, denialKey{"tool", what, why}, "decide", attrs)
 	return dec, nil

@@ -151,6 +151,7 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 		outcome = "refused"
 	}
 	d.metrics.Egress(e.Protocol, outcome)
+	atoms := s.view.Context().Atoms() // one read: the key and the record agree
 	var suppressed, unlisted int
 	var lim *denialLimiter
 	var key denialKey
@@ -158,7 +159,11 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 		// A run that retries a connection or a request in a loop must
 		// not fill the disk (audit.go), allowed or refused; a cut is
 		// written every time.
-		key = denialKey{"connect", keyOf(e.Protocol, e.Host, fmt.Sprint(e.Port), e.Method, e.Path, e.Addr.String()),
+		// Everything the record shows is in the key: a request that
+		// carried a secret, or was made in another context, is never
+		// counted in the record of one that did not.
+		key = denialKey{"connect", keyOf(e.Protocol, e.Host, fmt.Sprint(e.Port), e.Method, e.Path, e.Addr.String(),
+			keyOf(e.Secrets...), keyOf(atoms...)),
 			keyOf(append([]string{e.Decision, e.Refused}, e.Reasons...)...)}
 		lim = &d.denials
 		if outcome == "allow" {
@@ -169,7 +174,7 @@ func (d *Daemon) auditConnect(s *session, e egress.Event) {
 			return
 		}
 	}
-	attrs := []any{"kind", "connect", "session", s.id, "atoms", s.view.Context().Atoms(),
+	attrs := []any{"kind", "connect", "session", s.id, "atoms", atoms,
 		"host", e.Host, "port", e.Port, "protocol", e.Protocol}
 	if e.Protocol == "http" || e.Method != "" {
 		attrs = append(attrs, "method", clip(e.Method), "path", clip(e.Path))

@@ -243,7 +243,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		a.mu.Unlock()
 		code, msg := exitOf(exit.Code, reason)
 		argv := clipAll(p.Argv)
-		d.auditAllowed(s.id, denialKey{"exec", keyOf(append(append(argv, cwd), set.Atoms()...)...), keyOf(fmt.Sprint(code), reason)}, "run",
+		d.auditAllowed(s.id, denialKey{"exec", keyOf(keyOf(argv...), cwd, keyOf(set.Atoms()...)), keyOf(fmt.Sprint(code), reason)}, "run",
 			[]any{"kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", argv, "cwd", cwd,
 				"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds()})
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)

@@ -151,3 +151,63 @@ func logHas(log string, parts ...string) bool {
 	}
 	return false
 }
+
+// TestRequestCarryingASecretHasItsOwnRecord: a request into which the
+// gateway put a secret is never collapsed into an identical request that
+// carried none (nor the reverse): its record names the secret, at once.
+func TestRequestCarryingASecretHasItsOwnRecord(t *testing.T) {
+	ih := newInspectHome(t)
+	d := ih.d
+	// Each pair within a window of the other, on a loaded machine too.
+	out, _ := condfsRun(t, d, "", "--", "python3", "-c", `
+import os, urllib.request
+u = "https://api.test/same"
+for i in range(5):
+    urllib.request.urlopen(u, timeout=10).read()
+    urllib.request.urlopen(urllib.request.Request(u, headers={"Authorization": "Bearer " + os.environ["GH_TOKEN"]}), timeout=10).read()
+print("fetched")
+`)
+	if out != "fetched\n" {
+		t.Fatalf("the requests: %q", out)
+	}
+	d.call("session.close", map[string]any{"id": "s"}, nil)
+	for _, with := range []bool{true, false} {
+		keep := func(l string) bool {
+			return strings.Contains(l, `"path":"/same"`) && strings.Contains(l, `"decision":"allow"`) && strings.Contains(l, `"secrets":["gh"]`) == with
+		}
+		var told int
+		d.within("the session's counts are written", func() bool {
+			_, told = auditTally(t, d.log(), "connect", keep)
+			return told >= 5
+		})
+		if told != 5 {
+			t.Errorf("5 requests with the secret %v: %d told by records that say so\n%s", with, told, d.log())
+		}
+	}
+}
+
+// TestDecisionsOfOtherRolesOrContextsAreNotCollapsed: two allowed
+// decisions whose roles and atoms, laid end to end, read the same (roles
+// [default], atoms [a, b]; roles [default, a], atoms [b]) each have their
+// own record: the roles and the context a reader sees are the decision's.
+func TestDecisionsOfOtherRolesOrContextsAreNotCollapsed(t *testing.T) {
+	d, _ := runHome(t)
+	c, err := control.Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	call := func(atoms, roles []string) {
+		var res struct{ Decision string }
+		if err := c.Call("tool.decide", map[string]any{"context": atoms, "roles": roles, "tool": "exec",
+			"args": map[string]any{"argv": []string{"ls"}, "cwd": "/workspace"}}, &res); err != nil || res.Decision != "allow" {
+			t.Fatalf("%v %v: %v %q", atoms, roles, err, res.Decision)
+		}
+	}
+	call([]string{"discord:channel:2", "discord:guild:1"}, []string{"default"})
+	call([]string{"discord:guild:1"}, []string{"default", "discord:channel:2"})
+	d.within("a record of each", func() bool {
+		return logHas(d.log(), `"msg":"decide"`, `"atoms":["discord:channel:2","discord:guild:1"]`, `"roles":["default"]`) &&
+			logHas(d.log(), `"msg":"decide"`, `"atoms":["discord:guild:1"]`, `"roles":["default","discord:channel:2"]`)
+	})
+}

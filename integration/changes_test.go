@@ -252,3 +252,43 @@ func TestChangesBadInputs(t *testing.T) {
 	}
 	_ = cp
 }
+
+// TestChangesLimits: a change that would take the session's checkpoints
+// past [changes] max_bytes answers ENOSPC to the caller, is audited, and
+// changes nothing; beyond max_checkpoints the oldest is dropped; status
+// shows the session's use.
+func TestChangesLimits(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules+"\n[changes]\nmax_bytes = \"64KiB\"\nmax_checkpoints = 2\n", func(h *home) {
+		h.write("workspace/big.bin", strings.Repeat("b", 128<<10))
+		h.write("workspace/small.txt", "s\n")
+		os.Chown(h.path("workspace/big.bin"), nobody, nobody)
+		os.Chown(h.path("workspace/small.txt"), nobody, nobody)
+	})
+	first := d.checkpoint("s", "")
+	out := shAsNobody(t, mnt+"/workspace", `printf x > big.bin 2>&1 || echo refused; printf t > small.txt; echo done`)
+	if !strings.Contains(out, "No space left on device") || !strings.Contains(out, "refused") {
+		t.Fatalf("a change beyond max_bytes: %q", out)
+	}
+	if b, _ := os.ReadFile(d.home.path("workspace/big.bin")); len(b) != 128<<10 {
+		t.Fatalf("a refused change was made: %d bytes", len(b))
+	}
+	if !strings.Contains(d.log(), `"op":"enospc"`) {
+		t.Fatalf("ENOSPC not audited:\n%s", tail(d.log(), 20))
+	}
+	d.checkpoint("s", "")
+	d.checkpoint("s", "")
+	d.callErr("checkpoint.rollback", map[string]any{"session": "s", "checkpoint": first}, control.CodeUnknownCheckpoint)
+	if !strings.Contains(d.log(), `"op":"dropped"`) {
+		t.Fatalf("a dropped checkpoint not audited:\n%s", tail(d.log(), 20))
+	}
+	var st struct {
+		Sessions []struct {
+			ID      string
+			Changes *struct{ Checkpoints int } `json:"changes"`
+		}
+	}
+	d.call("status", nil, &st)
+	if len(st.Sessions) != 1 || st.Sessions[0].Changes == nil || st.Sessions[0].Changes.Checkpoints != 2 {
+		t.Fatalf("status: %+v", st.Sessions)
+	}
+}

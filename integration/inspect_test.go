@@ -225,6 +225,22 @@ func TestInspectRequests(t *testing.T) {
 		{"proxy: untrusted server", []string{"https://bad.test/"}, "502 Bad Gateway"},
 		{"captured: untrusted server", []string{"--noproxy", "*", "https://bad.test/"}, "502 Bad Gateway"},
 		{"captured: an encoded slash", []string{"--noproxy", "*", "--path-as-is", "https://api.test/a/..%2Fprivate/x"}, "400 Bad Request"},
+		{"captured: HTTP/2 asked, HTTP/1.1 served", []string{"--noproxy", "*", "--http2", "https://api.test/h2"}, "HTTP/1.1 200 OK"},
+	}
+	// The SNI names api.test on a connection to other.test: reset, never
+	// a leaf for either.
+	if out, _ := condfsRun(t, d, "", "--", "curl", "-sS", "--max-time", "10", "--noproxy", "*", "--connect-to", "api.test:443:other.test:443", "https://api.test/sni"); strings.Contains(out, "seen") {
+		t.Errorf("HOLE: a client hello naming another host was served:\n%s", out)
+	}
+	// A second TLS layer inside the terminated one is not HTTP: 400.
+	inner := `
+import socket, ssl
+s = ssl.create_default_context().wrap_socket(socket.create_connection(("api.test", 443)), server_hostname="api.test")
+s.sendall(b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00")
+print(s.recv(200))
+`
+	if out, _ := condfsRun(t, d, "", "--", "python3", "-c", inner); !strings.Contains(out, "400 Bad Request") {
+		t.Errorf("a TLS record inside the terminated connection: %s", out)
 	}
 	for _, c := range cases {
 		if out := curl(c.args...); !strings.Contains(out, c.want) {
@@ -241,7 +257,7 @@ func TestInspectRequests(t *testing.T) {
 			t.Errorf("no %s in the audit log", want)
 		}
 	}
-	if seen := ih.srv.saw(); strings.Contains(seen, "/private") || strings.Contains(seen, "DELETE") || strings.Contains(seen, "bad.test") {
+	if seen := ih.srv.saw(); strings.Contains(seen, "/private") || strings.Contains(seen, "DELETE") || strings.Contains(seen, "bad.test") || strings.Contains(seen, "/sni") {
 		t.Errorf("HOLE: the server read what was not decided:\n%s", seen)
 	}
 	if t.Failed() {

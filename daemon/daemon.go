@@ -835,8 +835,9 @@ func (d *Daemon) mPathCheck(ctx context.Context, params json.RawMessage) (any, *
 	}
 	var ex acl.Explanation
 	if cfg := d.conditions.Load(); sp == acl.Exec {
-		// What a run in this context may execute: binaries and the exec rules.
-		ex, err = cfg.ExplainExec(*p.Path, set)
+		// What a run in this context may execute: binaries and the exec
+		// rules, the name as a run reaches the program by it.
+		ex, err = ExplainExec(cfg, *p.Path, set)
 	} else {
 		ex, err = cfg.ExplainView(sp, *p.Path, set)
 	}

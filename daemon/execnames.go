@@ -10,6 +10,7 @@ package daemon
 // of every spelling decide it.
 
 import (
+	"fmt"
 	"path"
 	"path/filepath"
 	"strings"
@@ -102,4 +103,80 @@ func allowedBinaries(cfg *acl.Config, set cctx.Set, binaries []string) []string 
 		}
 	}
 	return kept
+}
+
+// reaches reports whether the command c (absolute, clean, outside the
+// view) is the listed binaries entry a where a run shows them: the same
+// place, or beneath a listed directory's.
+func reaches(c, a string) bool {
+	if d, ok := strings.CutSuffix(a, "/"); ok {
+		return strings.HasPrefix(hostPlace(c), hostPlace(d)+"/")
+	}
+	return hostPlace(c) == hostPlace(a)
+}
+
+// ExplainExec answers acl's ExplainExec for the program a run reaches by
+// the name raw, as a run decides it (allowedBinaries, commandAllowed):
+// /bin/true is the program listed as /usr/bin/true, and the exec rules of
+// every spelling of a listed name decide it. acl check and path.check
+// answer with it, so they never disagree with a run.
+func ExplainExec(cfg *acl.Config, raw string, set cctx.Set) (acl.Explanation, error) {
+	ex, err := cfg.ExplainExec(raw, set)
+	if err != nil || cfg.Sandbox() == nil || inView(ex.Path) {
+		return ex, err
+	}
+	canon := ex.Path
+	var listed []string
+	for _, a := range cfg.Sandbox().Binaries() {
+		if !inView(a) && reaches(canon, a) {
+			listed = append(listed, a)
+		}
+	}
+	if len(listed) == 0 {
+		return ex, nil // not listed by any name: acl's denial
+	}
+	if allowed := allowedBinaries(cfg, set, listed); len(allowed) > 0 {
+		a, err := cfg.ExplainExec(strings.TrimSuffix(allowed[0], "/"), set)
+		if a.Decision != "allow" || err != nil {
+			// A listed directory: the name beneath it is decided.
+			a = cfg.Explain(acl.Exec, canon, set)
+		}
+		if a.Decision != "allow" {
+			return deniedAs(a, canon), nil
+		}
+		if a.Path != canon {
+			a.Why = fmt.Sprintf("a run shows %s as %s, which [sandbox] binaries lists", canon, allowed[0])
+		}
+		a.Path = canon
+		return a, nil
+	}
+	// Refused: the rule of the first name or spelling that denies.
+	links := mergeLinks()
+	for _, a := range listed {
+		for _, s := range spellings(strings.TrimSuffix(a, "/"), links) {
+			if e := cfg.Explain(acl.Exec, s, set); e.Decision == "deny" {
+				return deniedAs(e, canon), nil
+			}
+		}
+		if e := cfg.Explain(acl.Exec, canon, set); e.Decision == "deny" {
+			return deniedAs(e, canon), nil
+		}
+	}
+	ex.Decision, ex.Why = "deny", "the exec rules deny every name a run reaches it by"
+	return ex, nil
+}
+
+// deniedAs is the denial e, made for another spelling of canon, told as
+// canon's.
+func deniedAs(e acl.Explanation, canon string) acl.Explanation {
+	e.Decision = "deny"
+	if e.Path != canon {
+		why := e.Why
+		if why == "" {
+			why = "the exec rules deny it"
+		}
+		e.Why = fmt.Sprintf("a run shows %s as %s: %s", canon, e.Path, why)
+		e.Path = canon
+	}
+	return e
 }

@@ -602,15 +602,8 @@ func commandAllowed(cmd string, env, allowed []string) *control.Error {
 		if inView(c) {
 			return nil // decided inside, by the view and the exec rules
 		}
-		place := hostPlace(c)
-		for _, a := range allowed {
-			if d, ok := strings.CutSuffix(a, "/"); ok {
-				if strings.HasPrefix(place, hostPlace(d)+"/") {
-					return nil
-				}
-			} else if place == hostPlace(a) {
-				return nil
-			}
+		if slices.ContainsFunc(allowed, func(a string) bool { return reaches(c, a) }) {
+			return nil
 		}
 	}
 	if slices.ContainsFunc(candidates, func(c string) bool { _, err := os.Stat(c); return err == nil }) {

@@ -69,3 +69,32 @@ func TestCommandFoundOnItsOwnPath(t *testing.T) {
 		t.Errorf("marker on --env %s in a guild: exit %d %q, want 126", pathEnv, code, out)
 	}
 }
+
+// TestPathCheckNamesCommandsAsARunDoes: path.check of the exec space
+// answers for a name what a run does with it (TestCommandNamedThroughUsrMergeLinks):
+// /bin/true is the program listed as /usr/bin/true, decided by the exec
+// rules of every spelling.
+func TestPathCheckNamesCommandsAsARunDoes(t *testing.T) {
+	if fi, err := os.Lstat("/bin"); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("/bin is not a link on this host (%v): the test needs a usr-merged host", err)
+		}
+		t.Skip("/bin is not a link on this host")
+	}
+	d, _ := runHomeFiles(t, namesRules, nil)
+	for _, c := range []struct {
+		ctx  []string
+		name string
+		want string
+	}{
+		{dmCtx, "/bin/true", "allow"}, {dmCtx, "/usr/bin/true", "allow"}, {dmCtx, "/bin/ls", "allow"}, {dmCtx, "/usr/bin/ls", "allow"},
+		{dmCtx, "/bin/sh", "allow"}, {dmCtx, "/usr/bin/wc", "deny"},
+		{guildCtx, "/bin/true", "deny"}, {guildCtx, "/usr/bin/true", "deny"}, {guildCtx, "/bin/ls", "deny"}, {guildCtx, "/usr/bin/ls", "deny"},
+		{guildCtx, "/bin/sh", "allow"}, {guildCtx, "/usr/bin/sh", "allow"},
+	} {
+		var ex struct{ Decision, Path, Why string }
+		if err := d.client.Call("path.check", map[string]any{"context": c.ctx, "space": "exec", "path": c.name}, &ex); err != nil || ex.Decision != c.want || ex.Path != c.name {
+			t.Errorf("%v %s: %v %+v, want %s", c.ctx, c.name, err, ex, c.want)
+		}
+	}
+}

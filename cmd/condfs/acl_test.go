@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -163,5 +164,58 @@ action = "allow"
 	}
 	if r := condfs(t, nil, "acl", "check", "--conditions", f, "--space", "sandbox", "--path", "/bin/sh"); r.code != 2 || !strings.Contains(r.stderr, "want memories, workspace or exec") {
 		t.Errorf("unknown space: exit %d %q", r.code, r.stderr)
+	}
+}
+
+// TestACLCheckExecNamesAsARunDoes: where /bin is a link to usr/bin, acl
+// check answers for a name what a run does: /bin/cat is the program
+// listed as /usr/bin/cat, decided by the exec rules of every spelling
+// (keys written either way apply; where they disagree, it is refused).
+func TestACLCheckExecNamesAsARunDoes(t *testing.T) {
+	if fi, err := os.Lstat("/bin"); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("/bin is not a link on this host (%v): the test needs a usr-merged host", err)
+		}
+		t.Skip("/bin is not a link on this host")
+	}
+	f := writeFile(t, t.TempDir(), "conditions.toml", `
+[sandbox]
+binaries = ["/usr/bin/cat", "/bin/ls", "/usr/bin/true"]
+
+[exec."/bin/cat"]
+when = "discord:dm"
+action = "allow"
+
+[exec."/usr/bin/true"]
+when = "discord:dm"
+action = "allow"
+
+[exec."/bin/true"]
+when = "discord:dm:6"
+action = "allow"
+`)
+	dm := []string{"--context", "discord:dm", "--context", "discord:dm:6"}
+	dm5 := []string{"--context", "discord:dm", "--context", "discord:dm:5"}
+	guild := []string{"--context", "discord:guild:1"}
+	for _, tc := range []struct {
+		path string
+		ctx  []string
+		want string
+	}{
+		{"/bin/cat", dm, "allow"}, {"/usr/bin/cat", dm, "allow"},
+		{"/bin/cat", guild, "deny"}, {"/usr/bin/cat", guild, "deny"},
+		{"/bin/ls", guild, "allow"}, {"/usr/bin/ls", guild, "allow"},
+		{"/bin/true", dm, "allow"}, {"/usr/bin/true", dm, "allow"},
+		{"/bin/true", dm5, "deny"}, {"/usr/bin/true", dm5, "deny"},
+		{"/bin/wc", dm, "deny"}, {"/usr/bin/wc", dm, "deny"},
+	} {
+		r := condfs(t, nil, append([]string{"acl", "check", "--conditions", f, "--space", "exec", "--path", tc.path}, tc.ctx...)...)
+		var out struct {
+			Decision string `json:"decision"`
+			Path     string `json:"path"`
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || out.Decision != tc.want || out.Path != tc.path {
+			t.Errorf("%s %v: exit %d %s %s; want %s", tc.path, tc.ctx, r.code, r.stdout, r.stderr, tc.want)
+		}
 	}
 }

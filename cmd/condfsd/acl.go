@@ -8,6 +8,7 @@ import (
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/daemon"
 	"github.com/condfs/condfs/internal/cli"
 )
 
@@ -63,7 +64,7 @@ func runACL(args []string, stdout, stderr io.Writer) error {
 	}
 	var ex acl.Explanation
 	if sp == acl.Exec {
-		ex, err = c.ExplainExec(*p, set)
+		ex, err = daemon.ExplainExec(c, *p, set) // as a run names programs
 	} else {
 		ex, err = c.ExplainView(sp, *p, set)
 	}

@@ -374,6 +374,23 @@ func TestInspectSecrets(t *testing.T) {
 	if a == b {
 		t.Errorf("one placeholder for two commands: %s", a)
 	}
+	// A reload whose secret's value cannot be read fails at the value's
+	// position, and the last good config (and value) stays in force.
+	before := d.conditionsStatus()
+	conf := d.home.path("config/conditions.toml")
+	text, _ := os.ReadFile(conf)
+	broken := strings.Replace(string(text), "gh-token", "gh-token-gone", 1)
+	os.WriteFile(conf+".new", []byte(broken), 0o644)
+	os.Rename(conf+".new", conf)
+	st := d.waitReload(before, false)
+	if st.Generation != before.Generation || st.Error == nil || !strings.Contains(*st.Error, "conditions.toml:") || !strings.Contains(*st.Error, "[secrets.gh]: value") {
+		t.Errorf("a value that cannot be read: %+v", st)
+	} else {
+		noValue(t, "the reload's error", *st.Error)
+	}
+	if out := run(c + `-H "Authorization: Bearer $GH_TOKEN" https://api.test/after-reload`); !strings.Contains(out, "auth=ok") {
+		t.Errorf("the last good config is not in force:\n%s", out)
+	}
 	seen := ih.srv.saw()
 	for _, l := range strings.Split(seen, "\n") {
 		if strings.Contains(l, "/leak") || strings.Contains(l, "/guild") {

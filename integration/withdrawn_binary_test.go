@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A binary listed outside the bin directories and /usr (a copy of the
@@ -116,7 +118,7 @@ action = "allow"
 // knows, printing "RAN KIND ROUTE" for each that runs, and "done"; at the
 // next line it runs each by its path again ("BACK-OK KIND").
 const heldScript = `
-import os, subprocess, sys
+import mmap, os, subprocess, sys
 LD = "/lib64/ld-linux-x86-64.so.2"
 targets = [a.split("=", 1) for a in sys.argv[1:]]
 def args(p, hold):
@@ -147,8 +149,15 @@ def run(kind, p, argv, route, fds=()):
     except OSError:
         code = -1
     print("RAN" if code == 0 else "refused", kind, route, flush=True)
+def mapx(kind, fd):
+    try:
+        mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+        print("RAN", kind, "mmap-exec", flush=True)
+    except OSError:
+        print("refused", kind, "mmap-exec", flush=True)
 for kind, p in targets:
     ro, op, proc = held[kind]
+    mapx(kind, ro)
     fexec(kind, p, ro, "fexecve-rdonly")
     fexec(kind, p, op, "fexecve-opath")
     run(kind, p, [LD, "/proc/self/fd/%d" % ro], "ld-rdonly", (ro,))
@@ -167,15 +176,15 @@ print("back", flush=True)
 `
 
 // heldRoutes are the routes heldScript tries.
-var heldRoutes = []string{"fexecve-rdonly", "fexecve-opath", "ld-rdonly", "ld-opath", "proc-exe", "ld-proc-exe", "path"}
+var heldRoutes = []string{"mmap-exec", "fexecve-rdonly", "fexecve-opath", "ld-rdonly", "ld-opath", "proc-exe", "ld-proc-exe", "path"}
 
 // TestWithdrawnBinaryNotExecutableFromHeldDescriptor: once a switch
 // withdraws a binary, of any kind (listed outside the bin directories and
 // /usr, in a bin directory, in /usr outside them), nothing the command
-// opened while it was allowed runs it: not fexecve of an O_RDONLY or an
-// O_PATH descriptor, not the ELF interpreter given its /proc name, not
-// /proc/PID/exe of a process still running it (directly or through the
-// interpreter), not its path. (A binary of the view: TestAtkViewBinHeldFd
+// opened while it was allowed runs it: not a mapping of it executable,
+// not fexecve of an O_RDONLY or an O_PATH descriptor, not the ELF
+// interpreter given its /proc name, not /proc/PID/exe of a process still
+// running it (directly or through the interpreter), not its path. (A binary of the view: TestAtkViewBinHeldFd
 // and the view-binary attacks.)
 func TestWithdrawnBinaryNotExecutableFromHeldDescriptor(t *testing.T) {
 	marker := hostMarker(t)
@@ -246,6 +255,84 @@ func TestKeptSandboxFollowsSwitchBack(t *testing.T) {
 		p.setContext(p.dm)
 		if out, code := p.run(marker, "-c", "echo back"); code != 0 || out != "back\n" {
 			t.Fatalf("back in the DM: exit %d %q", code, out)
+		}
+	})
+}
+
+// raceScript runs the marker (argv[1]) from 4 threads over and over until
+// a line comes on stdin, printing "OK T0 T1" for each run that exits 0,
+// T0 and T1 the monotonic clock (ns) read before it was forked and after
+// it ended; then "done".
+const raceScript = `
+import os, subprocess, sys, threading, time
+m = sys.argv[1]
+stop = threading.Event()
+def loop():
+    while not stop.is_set():
+        t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        try:
+            code = subprocess.run([m, "-c", "exit 0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        except OSError:
+            code = -1
+        t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        print(("OK %d %d" % (t0, t1)) if code == 0 else "NO", flush=True)
+ts = [threading.Thread(target=loop) for _ in range(4)]
+for t in ts:
+    t.start()
+print("looping", flush=True)
+sys.stdin.readline()
+stop.set()
+for t in ts:
+    t.join()
+print("done", flush=True)
+`
+
+// TestWithdrawnBinaryStartsNotAfterItsSwitch: execs of the marker race 10
+// switches between the DM and a guild; no run of it is forked after a
+// switch to the guild returned and ends before the next switch back began.
+func TestWithdrawnBinaryStartsNotAfterItsSwitch(t *testing.T) {
+	marker := hostMarker(t)
+	mono := func() int64 {
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+		return ts.Nano()
+	}
+	eachRunPath(t, markerRules(marker), func(t *testing.T, p runPath) {
+		in, lines := p.shell(fmt.Sprintf("exec python3 -c '%s' %s", raceScript, marker))
+		if out, ok := waitLine(t, lines, "OK ", 30*time.Second); !ok {
+			t.Fatalf("the marker did not run in the DM: %s", out)
+		}
+		var withdrawn [][2]int64 // from a switch's return to the next switch's start
+		for i := 0; i < 10; i++ {
+			p.setContext(guildCtx)
+			from := mono()
+			time.Sleep(100 * time.Millisecond)
+			withdrawn = append(withdrawn, [2]int64{from, mono()})
+			p.setContext(p.dm)
+			time.Sleep(100 * time.Millisecond)
+		}
+		fmt.Fprintln(in, "stop")
+		out, ok := waitLine(t, lines, "done", 30*time.Second)
+		if !ok {
+			t.Fatalf("the loop did not end: %s", out)
+		}
+		var ran, refused int
+		for _, l := range strings.Split(out, "\n") {
+			var t0, t1 int64
+			if l == "NO" {
+				refused++
+			} else if _, err := fmt.Sscanf(l, "OK %d %d", &t0, &t1); err == nil {
+				ran++
+				for _, w := range withdrawn {
+					if t0 > w[0] && t1 < w[1] {
+						t.Errorf("HOLE: the marker was started %v after the switch to the guild returned", time.Duration(t0-w[0]))
+					}
+				}
+			}
+		}
+		t.Logf("%d runs of the marker, %d refused", ran, refused)
+		if refused == 0 {
+			t.Errorf("no run was refused in the guild: the race did not race")
 		}
 	})
 }

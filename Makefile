@@ -19,7 +19,7 @@ build:
 # The whole test suite. Integration tests need root and /dev/fuse; in CI
 # (CI=true) they must run, elsewhere they skip with a reason.
 test:
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 45m ./...
 	# The model test on a fresh seed, for at most 40 s. -v prints the seed;
 	# a failure says how to replay it, and the seed joins modelCases.
 	CONDFS_MODEL_SEED=random CONDFS_MODEL_STEPS=3000 CONDFS_MODEL_TIME=40s $(GO) test -race -count=1 -v -run 'TestModelRandom$$' ./integration/

@@ -248,8 +248,11 @@ const uidKey = "\x00uid "
 func (d *Daemon) auditPathAs(key, session string, atoms cctx.Set, sp acl.Space, path, op string) {
 	d.metrics.PathDenial(sp.String(), op)
 	path = clip(path)
-	attrs := []any{"kind", "path", "session", session, "atoms", atoms.Atoms(), "space", sp.String(), "path", path, "op", op, "decision", "deny"}
-	d.auditDecision(false, key, denialKey{sp.String(), path, op}, "deny", attrs)
+	in := atoms.Atoms()
+	attrs := []any{"kind", "path", "session", session, "atoms", in, "space", sp.String(), "path", path, "op", op, "decision", "deny"}
+	// The context is in the key: the same path denied in another context
+	// is another decision, with its own record.
+	d.auditDecision(false, key, denialKey{sp.String(), path, keyOf(op, keyOf(in...))}, "deny", attrs)
 }
 
 // flushCounts forgets a closed session's decisions (or a uid's made

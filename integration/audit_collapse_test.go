@@ -211,3 +211,21 @@ func TestDecisionsOfOtherRolesOrContextsAreNotCollapsed(t *testing.T) {
 			logHas(d.log(), `"msg":"decide"`, `"atoms":["discord:guild:1"]`, `"roles":["default","discord:channel:2"]`)
 	})
 }
+
+// TestDenialsInOtherContextsAreNotCollapsed: the same path denied in two
+// contexts within a second has a record for each, each naming its own
+// context.
+func TestDenialsInOtherContextsAreNotCollapsed(t *testing.T) {
+	d, _ := runHome(t)
+	other := []string{"discord:guild:9"}
+	for _, ctx := range [][]string{guildCtx, other} {
+		var ex struct{ Decision string }
+		if err := d.client.Call("path.check", map[string]any{"context": ctx, "space": "memories", "path": "/private/p.md"}, &ex); err != nil || ex.Decision != "deny" {
+			t.Fatalf("%v: %v %q", ctx, err, ex.Decision)
+		}
+	}
+	d.within("a record of each", func() bool {
+		return logHas(d.log(), `"msg":"deny"`, `"path":"/private/p.md"`, `"atoms":["discord:channel:2","discord:guild:1"]`) &&
+			logHas(d.log(), `"msg":"deny"`, `"path":"/private/p.md"`, `"atoms":["discord:guild:9"]`)
+	})
+}

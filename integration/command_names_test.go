@@ -3,6 +3,7 @@ package integration
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -95,6 +96,29 @@ func TestPathCheckNamesCommandsAsARunDoes(t *testing.T) {
 		var ex struct{ Decision, Path, Why string }
 		if err := d.client.Call("path.check", map[string]any{"context": c.ctx, "space": "exec", "path": c.name}, &ex); err != nil || ex.Decision != c.want || ex.Path != c.name {
 			t.Errorf("%v %s: %v %+v, want %s", c.ctx, c.name, err, ex, c.want)
+		}
+	}
+}
+
+// TestCommandOnAPathIntoTheViewRunsNoViewFile: a PATH (--env) that leads
+// into the view, to a file named like an allowed binary, never runs that
+// file: the view is noexec and lists nothing here, before the run as
+// inside it.
+func TestCommandOnAPathIntoTheViewRunsNoViewFile(t *testing.T) {
+	d, _ := runHomeFiles(t, namesRules, func(h *home) {
+		for _, p := range []string{"workspace/bin/true", "workspace/bin/ls"} {
+			h.write(p, "#!/usr/bin/sh\necho VIEW-RAN\n")
+			os.Chmod(h.path(p), 0o755)
+		}
+		os.Chmod(h.path("workspace/bin"), 0o755)
+	})
+	for _, c := range [][]string{
+		{"--env", "PATH=/workspace/bin:/usr/bin", "--", "true"},
+		{"--env", "PATH=/workspace/bin", "--", "ls"},
+		{"--cwd", "/workspace", "--env", "PATH=bin:/usr/bin", "--", "sh", "-c", "true; ls; command -v ls"},
+	} {
+		if out, code := condfsRun(t, d, "", c...); strings.Contains(out, "VIEW-RAN") {
+			t.Errorf("%v: a file of the view ran (exit %d): %q", c, code, out)
 		}
 	}
 }

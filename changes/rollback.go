@@ -44,6 +44,7 @@ func (s *Store) Rollback(ref string, force bool) (Result, error) {
 			}
 		}
 	}
+	res.Touched = touched(logs)
 	rb := rollback{s: s, force: force, skip: map[key]bool{}, checked: map[key]bool{}, done: map[key]bool{}, snaps: snaps, res: &res}
 	// The records between two moves (a segment) hold each path's state at
 	// the segment's start: restored together, parents before children.
@@ -81,6 +82,31 @@ func (s *Store) Rollback(ref string, force bool) (Result, error) {
 		}
 	}
 	return res, s.finishRollback(idx, rb.done, kept)
+}
+
+// touched lists the paths the logs name, each once; a directory renamed
+// back under both its names.
+func touched(logs [][]record) []Touched {
+	seen := map[Touched]bool{}
+	var out []Touched
+	add := func(t Touched) {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	for _, recs := range logs {
+		for _, r := range recs {
+			switch r.K {
+			case kindBefore:
+				add(Touched{Space: r.S, Path: r.P})
+			case kindMove, kindMoved:
+				add(Touched{Space: r.S, Path: r.P, Moved: true})
+				add(Touched{Space: r.S, Path: r.To, Moved: true})
+			}
+		}
+	}
+	return out
 }
 
 type rollback struct {

@@ -88,6 +88,17 @@ type Conflict struct {
 type Result struct {
 	Restored  int        `json:"restored"`
 	Conflicts []Conflict `json:"conflicts"`
+	// Touched is every path the rollback may have changed in the backing
+	// trees (restored, or tried and left as a conflict), for the view to
+	// drop what its kernel caches of them before the rollback answers.
+	Touched []Touched `json:"-"`
+}
+
+// Touched is a path a rollback may have changed. Moved: a directory
+// renamed back (the names below it changed with it).
+type Touched struct {
+	Space, Path string
+	Moved       bool
 }
 
 // Use is what a Store holds.

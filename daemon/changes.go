@@ -177,6 +177,7 @@ func (d *Daemon) mCheckpointRollback(ctx context.Context, params json.RawMessage
 		return nil, cerr
 	}
 	res, err := st.Rollback(p.Checkpoint, p.Force)
+	restoredInView(s, res.Touched)
 	if err != nil && res.Restored == 0 && len(res.Conflicts) == 0 {
 		return nil, changesError(err)
 	}
@@ -194,6 +195,33 @@ func (d *Daemon) mCheckpointRollback(ctx context.Context, params json.RawMessage
 		return nil, control.Errorf(control.CodeInternal, "rollback restored %d paths but could not finish (run it again): %v", res.Restored, err)
 	}
 	return res, nil
+}
+
+// restoredInView drops what s's view caches of the paths a rollback
+// touched, before the rollback answers: the view shows the restored state
+// from then on (as a switch is in force when context.set answers), not
+// once its backing watch reports the changes.
+func restoredInView(s *session, touched []changes.Touched) {
+	if len(touched) == 0 {
+		return
+	}
+	type lists struct{ paths, moved []string }
+	by := map[string]*lists{}
+	for _, t := range touched {
+		l := by[t.Space]
+		if l == nil {
+			l = &lists{}
+			by[t.Space] = l
+		}
+		if t.Moved {
+			l.moved = append(l.moved, t.Path)
+		} else {
+			l.paths = append(l.paths, t.Path)
+		}
+	}
+	for sp, l := range by {
+		s.view.Restored(sp, l.paths, l.moved)
+	}
 }
 
 func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any, *control.Error) {

@@ -2,10 +2,14 @@ package fsys
 
 import (
 	"errors"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
+	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 )
 
@@ -161,4 +165,138 @@ func (h *fileHandle) wrote(c Changes, p string) {
 		c.Wrote(h.node.space.String(), p, fd)
 		return 0
 	})
+}
+
+// Restored tells the view that a rollback changed paths of the space
+// named spaceName in its backing tree behind the kernel's back (moved: a
+// directory renamed back, under each of its names). Before it returns the
+// kernel keeps nothing of them from before, as a switch keeps nothing it
+// changes: each name's entry is dropped, or expired when it still names
+// the same inode (as the Watcher's report of the change would do, later);
+// the attributes and cached pages of the node there go, so that a
+// descriptor of a file restored in place reads the restored content; the
+// directory holding it loses its attributes and its cached listing. Below
+// a directory moved back every cached entry and node goes the same way:
+// their names changed with it.
+func (v *View) Restored(spaceName string, paths []string, moved []string) {
+	if v.closed.Load() {
+		return
+	}
+	// What the watcher has queued (the rollback's own changes among it) is
+	// told first: no report of it comes after this invalidation.
+	if !v.host.watcher.sync(time.Second) {
+		v.log.Warn("rollback: the backing watch did not report in time; invalidating anyway")
+	}
+	sp, ok := spaceByName(spaceName)
+	if !ok {
+		return
+	}
+	top := v.root.EmbeddedInode().GetChild(sp.String())
+	if top == nil {
+		return // nothing of the space is cached
+	}
+	below := v.stale()
+	if below != entryExpired {
+		below = entryDropped
+	}
+	for _, p := range moved {
+		if in := cachedAt(top, p); in != nil {
+			v.restoredBelow(in, below)
+		}
+	}
+	byDepth := append([]string(nil), paths...)
+	byDepth = append(byDepth, moved...)
+	sort.SliceStable(byDepth, func(i, j int) bool {
+		return strings.Count(byDepth[i], "/") > strings.Count(byDepth[j], "/")
+	})
+	dirs := map[*fs.Inode]bool{}
+	seen := map[string]bool{}
+	for _, p := range byDepth {
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		if p == "/" {
+			top.NotifyContent(0, 0)
+			continue
+		}
+		dir, name := split(p)
+		din := cachedAt(top, dir)
+		if din == nil {
+			continue // nothing cached below dir
+		}
+		v.dropListing(din, name, v.restoredFate(din, p, name))
+		if ch := din.GetChild(name); ch != nil {
+			ch.NotifyContent(0, 0) // attributes and pages
+		}
+		dirs[din] = true
+	}
+	for din := range dirs {
+		din.NotifyContent(-1, 0) // its mtime and link count
+	}
+}
+
+// cachedAt is the node the view's tree has at p below the space's top
+// node, or nil.
+func cachedAt(top *fs.Inode, p string) *fs.Inode {
+	in := top
+	for _, name := range strings.Split(strings.Trim(p, "/"), "/") {
+		if name == "" {
+			continue
+		}
+		if in = in.GetChild(name); in == nil {
+			return nil
+		}
+	}
+	return in
+}
+
+// restoredFate is what a rollback's change to p (dir's name) does to the
+// kernel's entry of it: dropped unless the name still stands for the
+// node's inode, beneath the backing root; then expired where the kernel
+// can (kept for a directory, dropped otherwise, where it cannot), as
+// changedFate decides for the Watcher.
+func (v *View) restoredFate(dir *fs.Inode, p, name string) entryFate {
+	ch := dir.GetChild(name)
+	if ch == nil {
+		return entryDropped // no entry, or a negative one
+	}
+	cn, ok := ch.Operations().(*node)
+	if !ok {
+		return entryDropped
+	}
+	b := cn.backing()
+	if b == nil {
+		return entryDropped
+	}
+	fd, err := b.open(p, unix.O_PATH, 0)
+	if err != nil {
+		return entryDropped
+	}
+	var st unix.Stat_t
+	err = unix.Fstat(fd, &st)
+	unix.Close(fd)
+	if err != nil || st.Dev != cn.dev || st.Ino != cn.ino {
+		return entryDropped
+	}
+	if fate := v.stale(); fate == entryExpired || ch.IsDir() {
+		return fate
+	}
+	return entryDropped
+}
+
+// restoredBelow sends every cached entry below dir the fate and drops each
+// node's attributes and pages (a directory moved back: the names below it
+// changed), deepest first; then dir's own.
+func (v *View) restoredBelow(dir *fs.Inode, fate entryFate) {
+	v.notifyEntry(dir, barrierName) // after the lookups in flight in it
+	for name, child := range dir.Children() {
+		if child.IsDir() {
+			v.restoredBelow(child, fate)
+		} else {
+			child.NotifyContent(0, 0)
+		}
+		v.dropListing(dir, name, fate)
+	}
+	dir.NotifyContent(0, 0)
 }

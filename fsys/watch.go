@@ -60,6 +60,10 @@ type batch struct {
 	linked       map[uint64]bool // filesystems where a file got another name
 	aboveChanged bool            // a directory above a backing root changed
 	timer        *time.Timer     // the flush to come or running; nil: none
+	// markers are syncs waiting for the reader to pass their marker;
+	// told, those it passed, closed once this batch is told.
+	markers map[int32]chan struct{}
+	told    []chan struct{}
 }
 
 // live reports whether w reports changes, so that views may cache long.
@@ -137,6 +141,14 @@ func (w *Watcher) Close() error {
 	if w.next.timer != nil {
 		w.next.timer.Stop()
 	}
+	for wd, c := range w.next.markers {
+		close(c)
+		delete(w.next.markers, wd)
+	}
+	for _, c := range w.next.told {
+		close(c)
+	}
+	w.next.told = nil
 	w.mu.Unlock()
 	err := w.f.Close()
 	<-w.done
@@ -322,6 +334,8 @@ func (w *Watcher) read() {
 				w.mu.Unlock()
 				w.overflow()
 				w.mu.Lock()
+			case ev.Mask&unix.IN_IGNORED != 0 && w.next.markers[ev.Wd] != nil:
+				w.passed(ev.Wd)
 			case ev.Mask&unix.IN_IGNORED != 0:
 				// The directory is gone (or the watch removed): its
 				// nodes are unwatched now.
@@ -368,6 +382,8 @@ func (w *Watcher) flush() {
 		}
 	}
 	clear(w.next.pending)
+	told := w.next.told
+	w.next.told = nil
 	above := w.next.aboveChanged
 	w.next.aboveChanged = false
 	var linkedOwners map[changeSink]map[uint64]bool
@@ -383,7 +399,7 @@ func (w *Watcher) flush() {
 	// w.next.timer stays set until this flush ends (see the end), so that
 	// events meanwhile wait for the next one: one flush runs at a time.
 	w.mu.Unlock()
-	defer w.flushed()
+	defer w.flushed(told)
 	if above {
 		w.log.Info("a directory above a backing root changed; every view's cache is dropped")
 		for _, v := range w.host.each() {
@@ -412,13 +428,23 @@ func (w *Watcher) flush() {
 // directory's lock that requests being served hold, and a flush started
 // every coalesce while others waited was a thread each (a writev to
 // /dev/fuse), without bound under a caller's load.
-func (w *Watcher) flushed() {
+func (w *Watcher) flushed(told []chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.next.timer = nil
+	for _, c := range told {
+		close(c)
+	}
 	if !w.closed && (len(w.next.pending) > 0 || w.next.aboveChanged || len(w.next.linked) > 0) {
 		w.next.timer = time.AfterFunc(coalesce, w.flush)
+		return
 	}
+	// Syncs whose marker came during this flush, with nothing after it:
+	// what was queued before them is told.
+	for _, c := range w.next.told {
+		close(c)
+	}
+	w.next.told = nil
 }
 
 // linkedOn is told by the link watch of filesystems on which a file got

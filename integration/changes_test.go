@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -290,5 +291,93 @@ func TestChangesLimits(t *testing.T) {
 	d.call("status", nil, &st)
 	if len(st.Sessions) != 1 || st.Sessions[0].Changes == nil || st.Sessions[0].Changes.Checkpoints != 2 {
 		t.Fatalf("status: %+v", st.Sessions)
+	}
+}
+
+// shellAnswer is the result of an attacker shell's "ok" answer, or the
+// answer itself when it is not one.
+func shellAnswer(line string) string {
+	if rest, ok := strings.CutPrefix(line, "ok "); ok {
+		if s, err := strconv.Unquote(rest); err == nil {
+			return s
+		}
+	}
+	return line
+}
+
+// TestChangesRollbackIsInForceWhenItAnswers: once checkpoint.rollback has
+// answered, an unprivileged caller's view shows the restored state at once,
+// with no window where the kernel's cache still answers for the rolled-back
+// one: stat, read and listing of each restored path (a file restored in
+// place, one removed, one brought back, a directory made, a directory
+// moved and a file changed in it before the move), and a descriptor opened
+// before the rollback, whose pages the kernel caches, reads the restored
+// content. 50 times.
+func TestChangesRollbackIsInForceWhenItAnswers(t *testing.T) {
+	const orig, xOrig = "alpha original content\n", "x original\n"
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/a.txt", orig)
+		h.write("workspace/c.txt", "c\n")
+		h.write("workspace/d/x.txt", xOrig)
+		chownTree(t, h.path("workspace"), nobody)
+	})
+	ws := mnt + "/workspace"
+	_, say := converseAsNobody(t, "shell2", "-")
+	ok := func(cmd string) string {
+		t.Helper()
+		a := say(cmd)
+		if !strings.HasPrefix(a, "ok ") {
+			t.Fatalf("%s: %s", cmd, a)
+		}
+		return shellAnswer(a)
+	}
+	want := func(what, got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %q, want %q", what, got, want)
+		}
+	}
+	sortedLs := func(dir string) string {
+		names := strings.Split(ok("ls "+dir), "/")
+		sort.Strings(names)
+		return strings.Join(names, " ")
+	}
+	h := ok("open " + ws + "/a.txt")
+	cp := d.checkpoint("s", "base")
+	for round := 0; round < 50 && !t.Failed(); round++ {
+		// Read through the view first: the kernel caches entries,
+		// attributes and pages.
+		want("read through the open descriptor", ok("read "+h), orig)
+		want("cat", ok("cat "+ws+"/a.txt"), orig)
+		want("x.txt", ok("cat "+ws+"/d/x.txt"), xOrig)
+		ok("modify " + ws + "/a.txt truncate")
+		ok("write " + h + " ZZ")
+		ok("creat " + ws + "/new.txt n")
+		ok("unlink " + ws + "/c.txt")
+		ok("mkdir " + ws + "/nd")
+		ok("modify " + ws + "/d/x.txt truncate")
+		ok("rename " + ws + "/d " + ws + "/d2")
+		// The view shows the session's changes (and caches them).
+		want("read before the rollback", ok("read "+h), "ZZ")
+		want("stat before the rollback", ok("stat "+ws+"/a.txt"), "2")
+		want("listing before the rollback", sortedLs(ws), "a.txt d2 nd new.txt w.txt")
+		want("moved x.txt before the rollback", ok("cat "+ws+"/d2/x.txt"), "x")
+		if r := d.rollback("s", cp, false); len(r.Conflicts) != 0 {
+			t.Fatalf("round %d: conflicts %+v", round, r.Conflicts)
+		}
+		// At once: no wait of any kind.
+		want("read through a descriptor opened before", ok("read "+h), orig)
+		want("stat of a file restored in place", ok("stat "+ws+"/a.txt"), strconv.Itoa(len(orig)))
+		want("cat of a file restored in place", ok("cat "+ws+"/a.txt"), orig)
+		want("listing", sortedLs(ws), "a.txt c.txt d w.txt")
+		want("a file the session made", say("stat "+ws+"/new.txt"), "errno ENOENT")
+		want("a directory the session made", say("stat "+ws+"/nd"), "errno ENOENT")
+		want("a directory's new name", say("stat "+ws+"/d2"), "errno ENOENT")
+		want("a file the session removed", ok("cat "+ws+"/c.txt"), "c\n")
+		want("a file in a directory moved back", ok("cat "+ws+"/d/x.txt"), xOrig)
+		want("listing of a directory moved back", sortedLs(ws+"/d"), "x.txt")
+		if t.Failed() {
+			t.Logf("round %d", round)
+		}
 	}
 }

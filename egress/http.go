@@ -36,7 +36,8 @@ func (t target) hostPort(defaultPort int) string {
 // next request dial again.
 type upstreamConn struct {
 	t   target
-	c   net.Conn
+	c   net.Conn // what requests are written to: raw, or TLS over it
+	raw net.Conn // the socket: what is closed (a TLS close waits to write)
 	br  *bufio.Reader
 	gen uint64 // the gateway's generation when dialled
 }
@@ -63,7 +64,7 @@ func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 	var up *upstreamConn
 	defer func() {
 		if up != nil {
-			up.c.Close()
+			up.raw.Close()
 		}
 	}()
 	for first := true; ; first = false {
@@ -106,10 +107,11 @@ func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 		}
 		if up == nil || up.t != t || up.gen != gen {
 			if up != nil {
-				up.c.Close()
+				up.raw.Close()
 				up = nil
 			}
 			c, addr, why := f.g.dial(t.host, t.port)
+			raw := c
 			if c != nil && proto == "https" {
 				c, why = f.g.verifiedTLS(c, t.host)
 			}
@@ -122,11 +124,14 @@ func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 				f.status(code, refusal(r, v, why))
 				return
 			}
-			if !f.g.adopt(f, r, v, c, addr) {
+			// The flow holds the socket: a cut resets it at once (a TLS
+			// close would wait to write its alert, under the gateway's
+			// lock).
+			if !f.g.adopt(f, r, v, raw, addr) {
 				f.status(http.StatusForbidden, refusal(r, v, "reach_private no longer lists "+addr.String()))
 				return
 			}
-			up = &upstreamConn{t: t, c: c, br: bufio.NewReaderSize(c, 32<<10), gen: gen}
+			up = &upstreamConn{t: t, c: c, raw: raw, br: bufio.NewReaderSize(c, 32<<10), gen: gen}
 		} else {
 			f.g.audit(Event{Request: r, Verdict: v, Secrets: sec.names})
 		}

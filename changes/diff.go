@@ -176,8 +176,14 @@ func (s *Store) readBlob(name string, size int64) ([]byte, bool) {
 	return readAll(fd, size)
 }
 
+// readCurrent reads what p holds now, opened as the session's owner: a
+// file the owner may not read is not shown (a root-only file someone else
+// put at a path the session changed).
 func (s *Store) readCurrent(space, p string, size int64) ([]byte, bool) {
-	fd, err := safepath.Beneath(s.roots[space], p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	fd, err := -1, error(unix.EACCES)
+	s.asOwner(func() {
+		fd, err = safepath.Beneath(s.roots[space], p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	})
 	if err != nil {
 		return nil, false
 	}

@@ -60,6 +60,9 @@ type Options struct {
 	MaxCheckpoints int
 	// OnLimit, if set, is told of each change refused beyond MaxBytes.
 	OnLimit func(space, path string)
+	// Owner, if set, is whose authority Diff reads current content with
+	// (asowner.go); nil: the daemon's.
+	Owner *Owner
 }
 
 // Errors callers map to their own codes.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/condfs/condfs/acl"
@@ -51,7 +53,7 @@ func (d *Daemon) openChanges(s *session, restored bool) {
 	id, atoms := s.id, s.view.Context
 	st, err := changes.Open(changes.Options{
 		Dir: filepath.Join(d.cfg.StateDir, "changes", s.id), Fresh: !restored, Roots: roots,
-		MaxBytes: cfg.MaxBytes(), MaxCheckpoints: cfg.MaxCheckpoints(),
+		MaxBytes: cfg.MaxBytes(), MaxCheckpoints: cfg.MaxCheckpoints(), Owner: ownerOf(s.view.Owner()),
 		OnLimit: func(space, path string) {
 			d.metrics.Change("enospc", 1)
 			d.audit.Info("changes", "kind", "changes", "session", id, "atoms", atoms().Atoms(), "op", "enospc",
@@ -64,6 +66,19 @@ func (d *Daemon) openChanges(s *session, restored bool) {
 	}
 	s.changes = st
 	s.view.SetChanges(st)
+}
+
+// ownerOf is whose authority changes.diff reads content with: the
+// session owner's uid and primary gid (nogroup's when it has no passwd
+// entry).
+func ownerOf(uid uint32) *changes.Owner {
+	o := &changes.Owner{UID: uid, GID: 65534}
+	if u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10)); err == nil {
+		if g, err := strconv.ParseUint(u.Gid, 10, 32); err == nil {
+			o.GID = uint32(g)
+		}
+	}
+	return o
 }
 
 // closeChanges ends s's store: removed when a client closed the session,

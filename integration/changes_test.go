@@ -381,3 +381,36 @@ func TestChangesRollbackIsInForceWhenItAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestChangesDiffShowsOnlyWhatTheOwnerMayRead: changes.diff --content
+// reads a file's content now with the session owner's authority, not the
+// daemon's: a root-only file put in a path the session changed is listed,
+// and its content is not shown.
+func TestChangesDiffShowsOnlyWhatTheOwnerMayRead(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/mine.txt", "mine\n")
+		chownTree(t, h.path("workspace"), nobody)
+		os.Chown(h.path("workspace"), 0, 0)
+		os.Chmod(h.path("workspace"), 0o1777)
+	})
+	ws := d.home.path("workspace")
+	d.checkpoint("s", "")
+	shAsNobody(t, mnt+"/workspace", `printf 'session\n' > t.txt && printf 'changed\n' > mine.txt`)
+	// Someone else (root) puts a file of its own at both names.
+	for _, name := range []string{"t.txt", "mine.txt"} {
+		os.Remove(filepath.Join(ws, name))
+		if err := os.WriteFile(filepath.Join(ws, name), []byte("ROOT-ONLY-SECRET\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := asNobody(t, "condfs", "ctl", "--socket", d.socket, "--json", "call", "changes.diff", `{"session":"s","content":true}`)
+	if !strings.Contains(out, "t.txt") || !strings.Contains(out, "mine.txt") {
+		t.Fatalf("the changed paths are not listed: %s", out)
+	}
+	if strings.Contains(out, "ROOT-ONLY-SECRET") {
+		t.Fatalf("changes.diff showed the session's owner a file it may not read:\n%s", out)
+	}
+	if _, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", filepath.Join(ws, "t.txt")).Output(); err == nil {
+		t.Fatal("the owner could read the file natively: the test shows nothing")
+	}
+}

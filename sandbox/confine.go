@@ -53,8 +53,16 @@ func fullConfine(spec Spec, rules []string) error {
 			exec = append(exec, i)
 		}
 	}
-	var write []string
-	for _, w := range []string{"/workspace", "/memories", "/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"} {
+	// The view's two spaces are mounts the init made, so they are never
+	// looked at here: this thread acts as the init (root on the root
+	// path), and the view admits its owner, not root. A stat of a space
+	// whose cached attributes had gone stale (any change in it, by the
+	// previous command or a file tool, makes them so) asked the daemon,
+	// was refused, and left the space out of the write rules: every
+	// write, create, truncate, symlink and remove of the command in the
+	// view failed with Landlock's EACCES, which the daemon never sees.
+	write := []string{"/workspace", "/memories"}
+	for _, w := range []string{"/tmp", "/dev/shm", "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"} {
 		if exists(w) {
 			write = append(write, w)
 		}

@@ -200,7 +200,17 @@ func (rb *rollback) check(r record) bool {
 		return false
 	}
 	left, known := rb.s.after[k]
-	if rb.force || sameAsLeft(cur, left, known) || rb.holdsAny(k, cur) {
+	if sameAsLeft(cur, left, known) || rb.holdsAny(k, cur) {
+		return true
+	}
+	if rb.force {
+		// The daemon restores with its own authority: force never makes
+		// it replace or remove what another user put there since (a
+		// root-only file where the owner could not write).
+		if o := rb.s.opts.Owner; o != nil && o.UID != 0 && cur.T != "n" && cur.UID != o.UID {
+			rb.conflict(k, fmt.Sprintf("owned by uid %d now, not by the session's owner: not forced", cur.UID))
+			return false
+		}
 		return true
 	}
 	reason := "changed outside the view since the session changed it"

@@ -414,3 +414,45 @@ func TestChangesDiffShowsOnlyWhatTheOwnerMayRead(t *testing.T) {
 		t.Fatal("the owner could read the file natively: the test shows nothing")
 	}
 }
+
+// TestChangesForceNeverReplacesAnotherUsersFile: a forced rollback restores
+// what the session's owner changed outside the view, but never replaces or
+// removes what another user put at a path since: the daemon restores with
+// its own authority, and the owner could not (a sticky directory).
+func TestChangesForceNeverReplacesAnotherUsersFile(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/mine.txt", "mine\n")
+		h.write("workspace/own.txt", "own\n")
+		chownTree(t, h.path("workspace"), nobody)
+		os.Chown(h.path("workspace"), 0, 0)
+		os.Chmod(h.path("workspace"), 0o1777)
+	})
+	ws := d.home.path("workspace")
+	cp := d.checkpoint("s", "")
+	shAsNobody(t, mnt+"/workspace", `printf 'session\n' > t.txt && printf 'changed\n' > mine.txt && printf 'changed\n' > own.txt`)
+	for _, name := range []string{"t.txt", "mine.txt"} {
+		os.Remove(filepath.Join(ws, name))
+		if err := os.WriteFile(filepath.Join(ws, name), []byte("ROOT\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The owner's own change outside the view: force restores it.
+	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", "printf outside > "+filepath.Join(ws, "own.txt")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	r := d.rollback("s", cp, true)
+	for _, name := range []string{"t.txt", "mine.txt"} {
+		b, err := os.ReadFile(filepath.Join(ws, name))
+		var st syscall.Stat_t
+		syscall.Lstat(filepath.Join(ws, name), &st)
+		if err != nil || string(b) != "ROOT\n" || st.Uid != 0 {
+			t.Errorf("%s: root's file replaced or removed by a forced rollback: %q %v uid %d", name, b, err, st.Uid)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "own.txt")); string(b) != "own\n" {
+		t.Errorf("own.txt: the owner's own change not restored by force: %q", b)
+	}
+	if len(r.Conflicts) != 2 {
+		t.Errorf("conflicts: %+v", r.Conflicts)
+	}
+}

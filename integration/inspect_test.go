@@ -76,6 +76,7 @@ type inspectServer struct {
 	mu   sync.Mutex
 	seen []string // "host method uri auth=ok|none|other body=N"
 	raw  strings.Builder
+	from map[string]string // request URI to the address it came from
 }
 
 func (s *inspectServer) saw() string {
@@ -99,6 +100,10 @@ func (s *inspectServer) handler(w http.ResponseWriter, r *http.Request) {
 	line := fmt.Sprintf("%s %s %s auth=%s body=%d", r.Host, r.Method, r.RequestURI, auth, len(body))
 	s.mu.Lock()
 	s.seen = append(s.seen, line)
+	if s.from == nil {
+		s.from = map[string]string{}
+	}
+	s.from[r.RequestURI] = r.RemoteAddr
 	fmt.Fprintf(&s.raw, "%s %v %q\n", line, r.Header, body)
 	s.mu.Unlock()
 	if r.URL.Path == "/echo-headers" {
@@ -413,6 +418,95 @@ func TestInspectSecrets(t *testing.T) {
 	if out := run(`grep -rl "` + inspectValue[:12] + `" /etc /tmp /workspace /proc/self/environ 2>/dev/null; echo done`); strings.Contains(out, "/") {
 		t.Errorf("HOLE: a file of the run holds the value: %s", out)
 	}
+}
+
+// TestInspectContextSwitch: on one kept-alive connection of the run, a
+// context switch takes effect at the next request: the upstream
+// connection of the last context is not used again (a server sees the
+// new context's requests on a connection of their own), and a secret
+// whose when no longer holds is refused at once.
+func TestInspectContextSwitch(t *testing.T) {
+	ih := newInspectHome(t)
+	d := ih.d
+	script := `import http.client, os, sys
+tok = os.environ["GH_TOKEN"]
+c = http.client.HTTPSConnection("api.test", 443, timeout=10)
+def get(p, auth):
+    c.request("GET", p, headers={"Authorization": "Bearer " + tok} if auth else {})
+    r = c.getresponse()
+    print(p, r.status, r.read().decode(errors="replace").replace("\n", " "), flush=True)
+get("/ctx-a", True)
+get("/ctx-b", False)
+print("switch", flush=True)
+sys.stdin.readline()
+get("/ctx-c", False)
+try:
+    get("/ctx-d", True)
+except Exception as e:
+    print("/ctx-d", e, flush=True)
+`
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", condfsBin, "run", "--socket", d.socket, "--session", "s", "--", "python3", "-c", script)
+	in, _ := cmd.StdinPipe()
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	done := make(chan struct{})
+	switched := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		once := false
+		for {
+			n, err := pr.Read(buf)
+			out.Write(buf[:n])
+			if !once && strings.Contains(out.String(), "switch\n") {
+				once = true
+				close(switched)
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-switched:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		cmd.Wait()
+		pw.Close()
+		<-done
+		t.Fatalf("the run did not get to the switch:\n%s", out.String())
+	}
+	d.setContext("s", guildCtx)
+	in.Write([]byte("go\n"))
+	in.Close()
+	cmd.Wait()
+	pw.Close()
+	<-done
+	got := out.String()
+	noValue(t, "the run's output", got)
+	if !strings.Contains(got, "/ctx-a 200") || !strings.Contains(got, "auth=ok") || !strings.Contains(got, "/ctx-c 200") {
+		t.Fatalf("the requests before and after the switch:\n%s", got)
+	}
+	if !strings.Contains(got, "/ctx-d 403") {
+		t.Errorf("HOLE: a secret whose when no longer holds was not refused at the next request:\n%s", got)
+	}
+	ih.srv.mu.Lock()
+	a, b, c, dd := ih.srv.from["/ctx-a"], ih.srv.from["/ctx-b"], ih.srv.from["/ctx-c"], ih.srv.from["/ctx-d"]
+	ih.srv.mu.Unlock()
+	if a == "" || a != b {
+		t.Errorf("one context's requests on one connection came on upstream connections %q and %q (kept alive: one)", a, b)
+	}
+	if c == "" || c == b {
+		t.Errorf("HOLE: the upstream connection of the DM (%s) served the guild's request (%s)", b, c)
+	}
+	if dd != "" {
+		t.Errorf("HOLE: the server read the refused request from %s", dd)
+	}
+	noValue(t, "the daemon's log", d.log())
 }
 
 // TestInspectClients: git, Python's urllib and Node's fetch trust the

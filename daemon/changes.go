@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -35,12 +37,52 @@ func (d *Daemon) changesMode(mode string) *control.Error {
 	return control.Errorf(control.CodeInvalidParams, "changes %q: want \"direct\" or \"staged\"", mode)
 }
 
-// openChanges opens s's undo store (emptied unless restored) and makes it
-// its view's recorder. A store that cannot be opened leaves the session
-// without checkpoints, and says so in the log and at checkpoint.create.
+// openChanges prepares s's undo store when the session opens: a restored
+// session whose store exists (it had checkpoints) gets it back at once;
+// any other store is opened at its first checkpoint.create (storeOf), so
+// that a session that never checkpoints costs no descriptor, directory or
+// write (10,000 sessions share one descriptor limit). A fresh session's
+// leftover store (an earlier session of that id the daemon did not bring
+// back) is removed.
 func (d *Daemon) openChanges(s *session, restored bool) {
 	if d.cfg.StateDir == "" || s.view == nil {
 		return
+	}
+	dir := d.changesDir(s)
+	if _, err := os.Lstat(dir); err != nil {
+		return
+	}
+	if !restored {
+		if err := os.RemoveAll(dir); err != nil {
+			d.log.Error("session changes: a leftover store could not be removed", "session", s.id, "err", err)
+		}
+		return
+	}
+	if _, cerr := d.storeOf(s, true); cerr != nil {
+		d.log.Error("session changes: no checkpoints for this session", "session", s.id, "err", cerr.Message)
+	}
+}
+
+func (d *Daemon) changesDir(s *session) string {
+	return filepath.Join(d.cfg.StateDir, "changes", s.id)
+}
+
+// storeOf is s's undo store, opened now when open is set and it has none
+// (its first checkpoint); nil without open when it has none.
+func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error) {
+	if st := s.changes.Load(); st != nil || !open {
+		return st, nil
+	}
+	s.changesMu.Lock()
+	defer s.changesMu.Unlock()
+	if st := s.changes.Load(); st != nil {
+		return st, nil
+	}
+	if s.changesClosed {
+		return nil, control.Errorf(control.CodeUnknownSession, "session %q is closing", s.id)
+	}
+	if d.cfg.StateDir == "" || s.view == nil {
+		return nil, control.Errorf(control.CodeInternal, "session %q keeps no checkpoints: the daemon has no state directory (--state-dir)", s.id)
 	}
 	cfg := d.conditions.Load().Changes()
 	roots := map[string]string{}
@@ -50,9 +92,11 @@ func (d *Daemon) openChanges(s *session, restored bool) {
 	if d.cfg.Workspace != "" {
 		roots["workspace"] = d.cfg.Workspace
 	}
+	dir := d.changesDir(s)
+	_, statErr := os.Lstat(dir)
 	id, atoms := s.id, s.view.Context
 	st, err := changes.Open(changes.Options{
-		Dir: filepath.Join(d.cfg.StateDir, "changes", s.id), Fresh: !restored, Roots: roots,
+		Dir: dir, Fresh: statErr != nil, Roots: roots,
 		MaxBytes: cfg.MaxBytes(), MaxCheckpoints: cfg.MaxCheckpoints(), Owner: ownerOf(s.view.Owner()),
 		OnLimit: func(space, path string) {
 			d.metrics.Change("enospc", 1)
@@ -62,10 +106,11 @@ func (d *Daemon) openChanges(s *session, restored bool) {
 	})
 	if err != nil {
 		d.log.Error("session changes: no checkpoints for this session", "session", s.id, "err", err)
-		return
+		return nil, control.Errorf(control.CodeInternal, "session %q: its checkpoint store cannot be opened (see the daemon's log)", s.id)
 	}
-	s.changes = st
 	s.view.SetChanges(st)
+	s.changes.Store(st)
+	return st, nil
 }
 
 // ownerOf is whose authority changes.diff reads content with: the
@@ -82,33 +127,39 @@ func ownerOf(uid uint32) *changes.Owner {
 }
 
 // closeChanges ends s's store: removed when a client closed the session,
-// kept when the daemon stops.
+// kept when the daemon stops. No store is opened for s after it.
 func (d *Daemon) closeChanges(s *session, remove bool) {
-	if s.changes == nil {
+	s.changesMu.Lock()
+	defer s.changesMu.Unlock()
+	s.changesClosed = true
+	st := s.changes.Swap(nil)
+	if st == nil {
 		return
 	}
 	s.view.SetChanges(nil)
 	var err error
 	if remove {
-		err = s.changes.Remove()
+		err = st.Remove()
 	} else {
-		err = s.changes.Close()
+		err = st.Close()
 	}
 	if err != nil {
 		d.log.Warn("session changes", "session", s.id, "err", err)
 	}
 }
 
-// changesOf finds a session and its store for a peer.
-func (d *Daemon) changesOf(ctx context.Context, id string) (*session, *changes.Store, *control.Error) {
+// changesOf finds a session and its store for a peer; the store is opened
+// when open is set and s has none yet, else it may be nil (no checkpoint).
+func (d *Daemon) changesOf(ctx context.Context, id string, open bool) (*session, *changes.Store, *control.Error) {
 	s, cerr := d.session(ctx, id)
 	if cerr != nil {
 		return nil, nil, cerr
 	}
-	if s.changes == nil {
-		return nil, nil, control.Errorf(control.CodeInternal, "session %q keeps no checkpoints: the daemon has no state directory (--state-dir), or its store failed to open (see the daemon's log)", id)
+	st, cerr := d.storeOf(s, open)
+	if cerr != nil {
+		return nil, nil, cerr
 	}
-	return s, s.changes, nil
+	return s, st, nil
 }
 
 func changesError(err error) *control.Error {
@@ -132,7 +183,7 @@ func (d *Daemon) mCheckpointCreate(ctx context.Context, params json.RawMessage) 
 	if p.Name != "" && !changes.ValidName(p.Name) {
 		return nil, control.Errorf(control.CodeInvalidParams, "name %q: use 1 to 64 of A-Z a-z 0-9 _ . -", p.Name)
 	}
-	s, st, cerr := d.changesOf(ctx, p.Session)
+	s, st, cerr := d.changesOf(ctx, p.Session, true)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -158,7 +209,7 @@ func (d *Daemon) mCheckpointList(ctx context.Context, params json.RawMessage) (a
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	_, st, cerr := d.changesOf(ctx, p.Session)
+	_, st, cerr := d.changesOf(ctx, p.Session, false)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -169,6 +220,9 @@ func (d *Daemon) mCheckpointList(ctx context.Context, params json.RawMessage) (a
 		Changes int    `json:"changes"`
 	}
 	out := []item{}
+	if st == nil {
+		return map[string]any{"checkpoints": out}, nil
+	}
 	for _, c := range st.List() {
 		out = append(out, item{c.ID, c.Name, c.Created.Format(time.RFC3339), c.Changes})
 	}
@@ -187,9 +241,12 @@ func (d *Daemon) mCheckpointRollback(ctx context.Context, params json.RawMessage
 	if p.Checkpoint == "" {
 		return nil, control.Errorf(control.CodeInvalidParams, "checkpoint is required (an id or a name from checkpoint.list)")
 	}
-	s, st, cerr := d.changesOf(ctx, p.Session)
+	s, st, cerr := d.changesOf(ctx, p.Session, false)
 	if cerr != nil {
 		return nil, cerr
+	}
+	if st == nil {
+		return nil, changesError(fmt.Errorf("checkpoint %q: %w", p.Checkpoint, changes.ErrUnknownCheckpoint))
 	}
 	res, err := st.Rollback(p.Checkpoint, p.Force)
 	restoredInView(s, res.Touched)
@@ -248,9 +305,15 @@ func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any,
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	s, st, cerr := d.changesOf(ctx, p.Session)
+	s, st, cerr := d.changesOf(ctx, p.Session, false)
 	if cerr != nil {
 		return nil, cerr
+	}
+	if st == nil {
+		if p.Since != "" {
+			return nil, changesError(fmt.Errorf("checkpoint %q: %w", p.Since, changes.ErrUnknownCheckpoint))
+		}
+		return map[string]any{"changes": []any{}, "hidden": 0}, nil
 	}
 	cfg, atoms := d.conditions.Load(), s.view.Context()
 	visible := func(space, path string) bool {
@@ -302,9 +365,10 @@ func (d *Daemon) notStaged(ctx context.Context, id string) *control.Error {
 
 // changesUse is what status shows of a session's store.
 func changesUse(s *session) *changes.Use {
-	if s.changes == nil {
+	st := s.changes.Load()
+	if st == nil {
 		return nil
 	}
-	u := s.changes.Use()
+	u := st.Use()
 	return &u
 }

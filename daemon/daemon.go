@@ -142,7 +142,13 @@ type session struct {
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
 
-	changes *changes.Store // its checkpoints (changes.go); nil: none
+	// changes holds its checkpoints (changes.go): nil until the first
+	// checkpoint.create, so a session that never checkpoints holds no
+	// descriptor and no directory for them. changesMu orders that first
+	// open against the session's close.
+	changesMu     sync.Mutex
+	changes       atomic.Pointer[changes.Store]
+	changesClosed bool // guarded by changesMu
 }
 
 // validSessionID: 1 to 64 of A-Z a-z 0-9 _ . - (a regexp with {1,64}

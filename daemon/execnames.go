@@ -162,7 +162,8 @@ func ExplainExec(cfg *acl.Config, raw string, set cctx.Set) (acl.Explanation, er
 			return deniedAs(e, canon), nil
 		}
 	}
-	ex.Decision, ex.Why = "deny", "the exec rules deny every name a run reaches it by"
+	// A listed directory that a rule beneath it keeps from running here.
+	ex.Decision, ex.Why = "deny", "the exec rules keep every listed entry that holds it from running in this context"
 	return ex, nil
 }
 

@@ -219,3 +219,27 @@ action = "allow"
 		}
 	}
 }
+
+// TestACLCheckExecBeneathADirectoryDeniedWhole: a file beneath a listed
+// directory that a rule beneath it keeps from running in the context is
+// refused by acl check, as a run refuses it.
+func TestACLCheckExecBeneathADirectoryDeniedWhole(t *testing.T) {
+	f := writeFile(t, t.TempDir(), "conditions.toml", `
+[sandbox]
+binaries = ["/usr/lib/git-core/"]
+
+[exec."/usr/lib/git-core/git-daemon"]
+when = "discord:dm"
+action = "allow"
+`)
+	for _, tc := range []struct {
+		ctx  []string
+		want string
+	}{{[]string{"--context", "discord:dm"}, "allow"}, {[]string{"--context", "discord:guild:1"}, "deny"}} {
+		r := condfs(t, nil, append([]string{"acl", "check", "--conditions", f, "--space", "exec", "--path", "/usr/lib/git-core/git-remote-http"}, tc.ctx...)...)
+		var out struct{ Decision string }
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || out.Decision != tc.want {
+			t.Errorf("%v: exit %d %s %s; want %s", tc.ctx, r.code, r.stdout, r.stderr, tc.want)
+		}
+	}
+}

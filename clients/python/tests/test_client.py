@@ -228,9 +228,15 @@ class Runs(Live):
     def test_closing_the_session_ends_its_runs(self) -> None:
         s = self.open()
         out: list[object] = []
-        t = threading.Thread(target=lambda: out.append(s.run(["sleep", "30"])))
+        marker = os.path.join(s.mount or "", "workspace", "running-" + s.id)
+        t = threading.Thread(target=lambda: out.append(s.run(["/bin/sh", "-c", f"echo > /workspace/running-{s.id}; exec sleep 30"])))
         t.start()
-        time.sleep(0.5)
+        # The close must find the command running (a close before its
+        # sandbox is built answers the run an error instead).
+        deadline = time.monotonic() + 20
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(os.path.exists(marker), "the command never started")
         s.close()
         t.join(20)
         self.assertFalse(t.is_alive())

@@ -31,15 +31,18 @@ import (
 // Fail-closed choices: a key file that is not a regular file of the
 // daemon's uid with mode 0600, or that does not match its certificate,
 // is an error, never replaced; leaves are cached at most maxLeaves, and
-// minted one at a time.
+// minted one at a time (a cached leaf never waits for a mint).
 type Authority struct {
 	cert    *x509.Certificate
 	certPEM []byte
 	key     *ecdsa.PrivateKey
 	leafKey *ecdsa.PrivateKey // every leaf's: one key, many names
 
-	mu     sync.Mutex // guards leaves; held while a leaf is minted
+	mu     sync.Mutex // guards leaves
 	leaves map[string]*tls.Certificate
+	mint   sync.Mutex // held while a leaf is minted: one at a time
+	// minting, when set (tests), is called as a leaf is minted.
+	minting func()
 }
 
 const (
@@ -223,10 +226,16 @@ func (a *Authority) Cert() *x509.Certificate { return a.cert }
 // or address): cached, and minted again when it nears its end.
 func (a *Authority) Leaf(host string) (*tls.Certificate, error) {
 	now := time.Now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if c := a.leaves[host]; c != nil && now.Add(leafRenew).Before(c.Leaf.NotAfter) {
+	if c := a.cached(host, now); c != nil {
 		return c, nil
+	}
+	a.mint.Lock()
+	defer a.mint.Unlock()
+	if c := a.cached(host, now); c != nil {
+		return c, nil // minted while this waited
+	}
+	if a.minting != nil {
+		a.minting()
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
@@ -250,6 +259,8 @@ func (a *Authority) Leaf(host string) (*tls.Certificate, error) {
 		return nil, fmt.Errorf("egress CA: a leaf for %s: %w", host, err)
 	}
 	c := &tls.Certificate{Certificate: [][]byte{der, a.cert.Raw}, PrivateKey: a.leafKey, Leaf: leaf}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if len(a.leaves) >= maxLeaves {
 		// Half the cache goes (the map's order is random): minting again
 		// costs a signature, and one run naming many hosts cannot hold it.
@@ -262,6 +273,16 @@ func (a *Authority) Leaf(host string) (*tls.Certificate, error) {
 	}
 	a.leaves[host] = c
 	return c, nil
+}
+
+// cached is host's leaf if the cache holds one far enough from its end.
+func (a *Authority) cached(host string, now time.Time) *tls.Certificate {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c := a.leaves[host]; c != nil && now.Add(leafRenew).Before(c.Leaf.NotAfter) {
+		return c
+	}
+	return nil
 }
 
 // net4or6 is host as an address list for a leaf, or nil for a name.

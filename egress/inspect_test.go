@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const testPH = "condfs-secret-gh-abcdefghijklmnopqrstuvwx"
@@ -159,5 +160,40 @@ func TestAuthority(t *testing.T) {
 	}
 	if m, err := LoadAuthority(""); err != nil || m.Cert() == nil {
 		t.Errorf("in memory: %v", err)
+	}
+}
+
+// TestCachedLeafNotBehindMint: a leaf in the cache is served while
+// another is minted (a run naming many inspected hosts mints leaf after
+// leaf; every other session's handshake waited behind them: 6.6 ms mean,
+// 50 ms worst on a loaded machine, under 16 minting).
+func TestCachedLeafNotBehindMint(t *testing.T) {
+	a, err := LoadAuthority("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Leaf("victim.test"); err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	a.minting = func() {
+		select {
+		case entered <- struct{}{}:
+			<-release
+		default:
+		}
+	}
+	go a.Leaf("new.test")
+	<-entered
+	defer close(release)
+	got := make(chan error, 1)
+	go func() { _, err := a.Leaf("victim.test"); got <- err }()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a cached leaf waited for another host's to be minted")
 	}
 }

@@ -130,8 +130,8 @@ func (s *Store) appendRec(r record) error {
 		return fmt.Errorf("changes: %w", err)
 	}
 	data = append(data, '\n')
-	if s.bytes.Load()+int64(len(data)) > s.opts.MaxBytes && r.K != kindAfter {
-		return fmt.Errorf("changes: %d bytes held, max_bytes %d: %w", s.bytes.Load(), s.opts.MaxBytes, unix.ENOSPC)
+	if s.over(int64(len(data))) && r.K != kindAfter {
+		return fmt.Errorf("changes: %d bytes held (this uid's sessions: %d), max_bytes %d: %w", s.bytes.Load(), s.sharedBytes(), s.opts.MaxBytes, unix.ENOSPC)
 	}
 	n, err := unix.Write(s.logFD, data)
 	if err == nil && n != len(data) {
@@ -140,9 +140,16 @@ func (s *Store) appendRec(r record) error {
 	if err != nil {
 		return fmt.Errorf("changes: append: %w", err)
 	}
-	s.bytes.Add(int64(n))
+	s.addBytes(int64(n))
 	s.sizes[s.meta.Checkpoints[len(s.meta.Checkpoints)-1].Log] += int64(n)
 	return nil
+}
+
+func (s *Store) sharedBytes() int64 {
+	if s.opts.Shared == nil {
+		return s.bytes.Load()
+	}
+	return s.opts.Shared.Load()
 }
 
 // Armed reports whether a checkpoint exists: before one, the view calls
@@ -216,7 +223,7 @@ func (s *Store) Before(space, p string) error {
 	if err == nil {
 		if err = s.appendRec(r); err != nil && r.Blob != "" {
 			unix.Unlinkat(s.blobs, r.Blob, 0)
-			s.bytes.Add(-(int64(r.St.Size)))
+			s.addBytes(-(int64(r.St.Size)))
 		}
 	}
 	if err != nil {
@@ -262,8 +269,8 @@ func (s *Store) snapshot(space, p string) (record, error) {
 			return r, fmt.Errorf("changes: %w", err)
 		}
 	case "f":
-		if s.bytes.Load()+int64(r.St.Size) > s.opts.MaxBytes {
-			return r, fmt.Errorf("changes: %s%s (%d bytes) would take the session past max_bytes %d: %w", space, p, r.St.Size, s.opts.MaxBytes, unix.ENOSPC)
+		if s.over(int64(r.St.Size)) {
+			return r, fmt.Errorf("changes: %s%s (%d bytes) would take the session, or its uid's sessions together, past max_bytes %d: %w", space, p, r.St.Size, s.opts.MaxBytes, unix.ENOSPC)
 		}
 		// Opened as the caller (the thread's credentials), read as the
 		// daemon (the blob is the daemon's).
@@ -277,7 +284,7 @@ func (s *Store) snapshot(space, p string) (record, error) {
 			return r, err
 		}
 		s.blobN++
-		s.bytes.Add(int64(r.St.Size))
+		s.addBytes(int64(r.St.Size))
 		r.Blob = name
 	}
 	return r, nil

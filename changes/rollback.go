@@ -523,7 +523,7 @@ func (s *Store) finishRollback(idx int, done map[key]bool, kept []record) error 
 			br.names = append(br.names, r.Blob)
 			br.size += int64(r.St.Size)
 			s.blobOf[logName] = br
-			s.bytes.Add(int64(r.St.Size))
+			s.addBytes(int64(r.St.Size))
 		}
 	}
 	// Every path the dropped logs noted keeps its last state in the new

@@ -63,6 +63,10 @@ type Options struct {
 	// Owner, if set, is whose authority Diff reads current content with
 	// (asowner.go); nil: the daemon's.
 	Owner *Owner
+	// Shared, if set, counts what every store of the same uid holds:
+	// MaxBytes bounds that sum too, so that one uid's many sessions
+	// cannot fill the state directory everyone's checkpoints live in.
+	Shared *atomic.Int64
 }
 
 // Errors callers map to their own codes.
@@ -173,6 +177,9 @@ func Open(opts Options) (*Store, error) {
 	s := &Store{opts: opts, dirfd: -1, blobs: -1, logFD: -1, roots: map[string]int{},
 		seen: map[key]bool{}, after: map[key]state{}, sizes: map[string]int64{}, blobOf: map[string]blobRecord{}}
 	if err := s.open(); err != nil {
+		if opts.Shared != nil {
+			opts.Shared.Add(-s.bytes.Load())
+		}
 		s.closeFDs()
 		return nil, err
 	}
@@ -210,10 +217,32 @@ func (s *Store) closeFDs() {
 	}
 }
 
-// Close releases the store's descriptors; what it holds stays.
+// addBytes counts n more bytes held (less when negative), in the
+// store's count and its uid's.
+func (s *Store) addBytes(n int64) {
+	s.bytes.Add(n)
+	if s.opts.Shared != nil {
+		s.opts.Shared.Add(n)
+	}
+}
+
+// over reports whether holding n more bytes would take the store, or its
+// uid's stores together, past MaxBytes.
+func (s *Store) over(n int64) bool {
+	if s.bytes.Load()+n > s.opts.MaxBytes {
+		return true
+	}
+	return s.opts.Shared != nil && s.opts.Shared.Load()+n > s.opts.MaxBytes
+}
+
+// Close releases the store's descriptors; what it holds stays (its uid's
+// count no longer includes it).
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.closed && s.opts.Shared != nil {
+		s.opts.Shared.Add(-s.bytes.Load())
+	}
 	s.closed = true
 	s.armed.Store(false)
 	s.closeFDs()
@@ -255,7 +284,7 @@ func (s *Store) load() error {
 			return err
 		}
 		s.sizes[cp.Log] = size
-		s.bytes.Add(size)
+		s.addBytes(size)
 		paths := map[key]bool{}
 		br := blobRecord{}
 		if i == len(s.meta.Checkpoints)-1 {
@@ -272,7 +301,7 @@ func (s *Store) load() error {
 					blobs[r.Blob] = true
 					br.names = append(br.names, r.Blob)
 					br.size += int64(r.St.Size)
-					s.bytes.Add(int64(r.St.Size))
+					s.addBytes(int64(r.St.Size))
 				}
 				if i == len(s.meta.Checkpoints)-1 {
 					s.seen[k] = true
@@ -458,7 +487,7 @@ func (s *Store) dropLogKeeping(name string, keep map[string]bool) {
 			unix.Unlinkat(s.blobs, b, 0)
 		}
 	}
-	s.bytes.Add(-(s.blobOf[name].size + s.sizes[name]))
+	s.addBytes(-(s.blobOf[name].size + s.sizes[name]))
 	delete(s.blobOf, name)
 	delete(s.sizes, name)
 	unix.Unlinkat(s.dirfd, name, 0)

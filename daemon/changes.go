@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/condfs/condfs/acl"
@@ -98,6 +99,7 @@ func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error)
 	st, err := changes.Open(changes.Options{
 		Dir: dir, Fresh: statErr != nil, Roots: roots,
 		MaxBytes: cfg.MaxBytes(), MaxCheckpoints: cfg.MaxCheckpoints(), Owner: ownerOf(s.view.Owner()),
+		Shared: d.heldBy(s.view.Owner()),
 		OnLimit: func(space, path string) {
 			d.metrics.Change("enospc", 1)
 			d.audit.Info("changes", "kind", "changes", "session", id, "atoms", atoms().Atoms(), "op", "enospc",
@@ -111,6 +113,16 @@ func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error)
 	s.view.SetChanges(st)
 	s.changes.Store(st)
 	return st, nil
+}
+
+// heldBy counts what uid's sessions' checkpoints hold together: max_bytes
+// bounds that sum as well as each session's, so that one uid opening many
+// sessions cannot fill the state directory, where every user's checkpoints
+// live (a change that cannot be recorded is refused: a full state
+// directory would refuse everyone's changes).
+func (d *Daemon) heldBy(uid uint32) *atomic.Int64 {
+	n, _ := d.changesHeld.LoadOrStore(uid, new(atomic.Int64))
+	return n.(*atomic.Int64)
 }
 
 // ownerOf is whose authority changes.diff reads content with: the

@@ -123,6 +123,7 @@ type Daemon struct {
 	egressStack   atomic.Pointer[string] // the capture the last gateway got
 	ca            authority              // the egress CA and the roots of inspected hosts (inspect.go)
 	largeDecides  chan struct{}          // a token per large tool.decide being decoded
+	changesHeld   sync.Map               // uid → *atomic.Int64: what its sessions' checkpoints hold (changes.go)
 
 	stopWatch func()
 }

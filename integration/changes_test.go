@@ -456,3 +456,35 @@ func TestChangesForceNeverReplacesAnotherUsersFile(t *testing.T) {
 		t.Errorf("conflicts: %+v", r.Conflicts)
 	}
 }
+
+// TestChangesOneUidsSessionsShareMaxBytes: what one uid's sessions keep in
+// the state directory is bounded together by [changes] max_bytes, not once
+// per session: a uid opening many sessions cannot fill the state
+// directory, where every other user's checkpoints live (a change that
+// cannot be recorded is refused, so a full state directory would refuse
+// everyone's changes).
+func TestChangesOneUidsSessionsShareMaxBytes(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules+"\n[changes]\nmax_bytes = \"64KiB\"\n", func(h *home) {
+		h.write("workspace/one.bin", strings.Repeat("1", 40<<10))
+		h.write("workspace/two.bin", strings.Repeat("2", 40<<10))
+		chownTree(t, h.path("workspace"), nobody)
+	})
+	mnt2 := d.openFor("s2", nobody, dmCtx)
+	d.checkpoint("s", "")
+	d.checkpoint("s2", "")
+	shAsNobody(t, mnt+"/workspace", `printf x > one.bin`)
+	out := shAsNobody(t, mnt2+"/workspace", `printf x > two.bin 2>&1 || echo refused`)
+	if !strings.Contains(out, "refused") {
+		t.Fatalf("a second session of the same uid kept past max_bytes: %q", out)
+	}
+	if b, _ := os.ReadFile(d.home.path("workspace/two.bin")); len(b) != 40<<10 {
+		t.Fatalf("a refused change was made: %d bytes", len(b))
+	}
+	// Root's sessions are not the uid's: its own share is whole.
+	d.call("session.close", map[string]any{"id": "s2"}, nil)
+	mnt3 := d.openFor("r", 0, dmCtx)
+	d.checkpoint("r", "")
+	if err := os.WriteFile(mnt3+"/workspace/two.bin", []byte("y"), 0o644); err != nil {
+		t.Fatalf("root's session was refused by another uid's use: %v", err)
+	}
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README demo: mount the example agent's view in a guild channel, switch
 # to a DM, watch the view change (and what a command run in the session sees
-# and may execute), list prompt blocks, decide two tool calls.
+# and may execute), list prompt blocks, undo what a command changed, decide
+# two tool calls.
 # Usage: examples/demo.sh path/to/condfs   (as root: it mounts FUSE)
 set -euo pipefail
 bin=$(realpath "${1:-bin/condfs}")
@@ -38,6 +39,14 @@ ctl context default '{"kind":"discord","channel_id":"42"}'
 show
 runit sh -c 'ls /memories; cat /memories/notes/team.md'
 ctl blocks default
+# A checkpoint, a command that breaks a file and adds one, what it changed,
+# and the way back (docs/changes.md).
+ctl checkpoint default --name before-edit
+runit sh -c ': > /workspace/src/hello.py; echo "print(42)" > /workspace/src/new.py'
+ctl diff default --content
+ctl rollback default before-edit
+show
+runit cat /workspace/src/hello.py
 ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com"]}'
 ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com", "eve@evil.example"]}'
 ctl close default

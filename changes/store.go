@@ -406,17 +406,21 @@ func (s *Store) writeMeta(m metaFile) error {
 	return nil
 }
 
-// ValidName reports whether name may name a checkpoint.
+// ValidName reports whether name may name a checkpoint: 1 to 64 of
+// A-Z a-z 0-9 _ . -, and not all digits (an id a later checkpoint may
+// get: the checkpoint named so would shadow it).
 func ValidName(name string) bool {
 	if len(name) < 1 || len(name) > 64 {
 		return false
 	}
+	digits := true
 	for _, c := range []byte(name) {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
 			return false
 		}
+		digits = digits && c >= '0' && c <= '9'
 	}
-	return true
+	return !digits
 }
 
 // Create makes a checkpoint: a new, empty log (nothing walks the trees).
@@ -424,7 +428,7 @@ func ValidName(name string) bool {
 // back in dropped.
 func (s *Store) Create(name string, now time.Time) (cp Checkpoint, dropped *Checkpoint, err error) {
 	if name != "" && !ValidName(name) {
-		return cp, nil, fmt.Errorf("%w %q: use 1 to 64 of A-Z a-z 0-9 _ . -", ErrBadName, name)
+		return cp, nil, fmt.Errorf("%w %q: use 1 to 64 of A-Z a-z 0-9 _ . -, not all digits (ids are)", ErrBadName, name)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

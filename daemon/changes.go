@@ -193,7 +193,7 @@ func (d *Daemon) mCheckpointCreate(ctx context.Context, params json.RawMessage) 
 		return nil, err
 	}
 	if p.Name != "" && !changes.ValidName(p.Name) {
-		return nil, control.Errorf(control.CodeInvalidParams, "name %q: use 1 to 64 of A-Z a-z 0-9 _ . -", p.Name)
+		return nil, control.Errorf(control.CodeInvalidParams, "name %q: use 1 to 64 of A-Z a-z 0-9 _ . -, not all digits (ids are)", p.Name)
 	}
 	s, st, cerr := d.changesOf(ctx, p.Session, true)
 	if cerr != nil {

@@ -488,3 +488,24 @@ func TestChangesOneUidsSessionsShareMaxBytes(t *testing.T) {
 		t.Fatalf("root's session was refused by another uid's use: %v", err)
 	}
 }
+
+// TestChangesCheckpointNameNeverShadowsAnID: a checkpoint's name is never
+// one a later checkpoint's id can be (all digits): a rollback to an id
+// would otherwise find the older checkpoint named so first and undo more
+// than was asked.
+func TestChangesCheckpointNameNeverShadowsAnID(t *testing.T) {
+	d, _ := runHomeFiles(t, changesRules, nil)
+	for _, name := range []string{"3", "0", "007"} {
+		d.callErr("checkpoint.create", map[string]any{"session": "s", "name": name}, control.CodeInvalidParams)
+	}
+	out := asNobody(t, "condfs", "ctl", "--socket", d.socket, "checkpoint", "s", "--name", "2")
+	var list struct {
+		Checkpoints []struct{ ID, Name string }
+	}
+	d.call("checkpoint.list", map[string]any{"session": "s"}, &list)
+	for _, c := range list.Checkpoints {
+		if c.Name == "2" {
+			t.Fatalf("a checkpoint named like an id: %+v (%s)", list.Checkpoints, out)
+		}
+	}
+}

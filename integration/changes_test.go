@@ -509,3 +509,34 @@ func TestChangesCheckpointNameNeverShadowsAnID(t *testing.T) {
 		}
 	}
 }
+
+// TestChangesRollbackNeverWritesThroughASymlink: a directory above paths a
+// session changed, swapped by the caller for a symlink out of the space,
+// never leads a rollback (the daemon, writing as itself) out of the
+// backing tree, forced or not: the paths below it are reported, and what
+// the link points at is untouched.
+func TestChangesRollbackNeverWritesThroughASymlink(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/d/x.txt", "x\n")
+		chownTree(t, h.path("workspace/d"), nobody)
+		h.write("outside/x.txt", "OUTSIDE\n")
+		h.write("outside/new.txt", "OUTSIDE NEW\n")
+	})
+	ws, outside := d.home.path("workspace"), d.home.path("outside")
+	cp := d.checkpoint("s", "")
+	shAsNobody(t, mnt+"/workspace", `printf changed > d/x.txt && printf n > d/new.txt`)
+	// The caller, natively: d becomes a link to a directory it may not write.
+	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+		`cd "$1" && mv d d.real && ln -s "$2" d`, "sh", ws, outside).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	for _, force := range []bool{false, true} {
+		d.rollback("s", cp, force)
+		if b, _ := os.ReadFile(filepath.Join(outside, "x.txt")); string(b) != "OUTSIDE\n" {
+			t.Fatalf("force %v: a rollback wrote through a symlink: %q", force, b)
+		}
+		if b, _ := os.ReadFile(filepath.Join(outside, "new.txt")); string(b) != "OUTSIDE NEW\n" {
+			t.Fatalf("force %v: a rollback removed a file through a symlink: %q", force, b)
+		}
+	}
+}

@@ -122,6 +122,8 @@ type Gateway struct {
 	// (queryRate): a run made it answer 33,000 a second (86,000 on the
 	// netstack capture), the daemon's CPU taken from every session.
 	queries *rate.Limiter
+	// mints bounds the leaves minted for the run's handshakes (leafRate).
+	mints *rate.Limiter
 
 	// mu orders decisions against Recheck: a decision and the recording
 	// of what it decided happen under its read lock, Recheck under its
@@ -147,7 +149,14 @@ type Gateway struct {
 const (
 	queryRate  = 1000
 	queryBurst = 500
+	// A run has up to leafBurst leaves minted at once, leafRate a second
+	// after: the daemon's CA mints one at a time for every session and
+	// caches maxLeaves.
+	leafRate  = 20
+	leafBurst = 64
 )
+
+func newMints() *rate.Limiter { return rate.NewLimiter(leafRate, leafBurst) }
 
 // New starts the gateway on cfg's sockets. Until SetDecider, every
 // connection is denied.
@@ -171,7 +180,7 @@ func New(cfg Config) (*Gateway, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{cfg: cfg, names: newNames(), ctx: ctx, cancel: cancel, flows: map[*flow]struct{}{},
 		slots: make(chan struct{}, cfg.Connections), dns: make(chan struct{}, maxDNSFlows),
-		queries: rate.NewLimiter(queryRate, queryBurst)}
+		queries: rate.NewLimiter(queryRate, queryBurst), mints: newMints()}
 	start := g.startNetstack
 	if kernel {
 		start = g.startKernel

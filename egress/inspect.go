@@ -7,12 +7,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Inspected HTTPS (docs/sandbox.md, "Inspected HTTPS"): for the hosts the
@@ -109,7 +111,7 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 			if sni == "" || canonicalHost(sni) != host {
 				return nil, errors.New("the client hello names another host")
 			}
-			return a.Leaf(host)
+			return f.g.leaf(h.Context(), a, host)
 		},
 	}
 	tc := tls.Server(bufferedConn{f.client, br}, conf)
@@ -134,6 +136,19 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	f.client = terminated{tc, f.client}
 	f.mu.Unlock()
 	f.serveRequests(bufio.NewReaderSize(f.client, 32<<10), &target{host: host, port: port}, "https")
+}
+
+// leaf is host's leaf for a handshake of the run: one the CA does not
+// hold takes one of the run's mints (leafRate), waited for while ctx
+// allows, refused after.
+func (g *Gateway) leaf(ctx context.Context, a *Authority, host string) (*tls.Certificate, error) {
+	if c := a.cached(host, time.Now()); c != nil {
+		return c, nil
+	}
+	if err := g.mints.Wait(ctx); err != nil {
+		return nil, fmt.Errorf("over %d new inspected hosts a second: %w", leafRate, err)
+	}
+	return a.Leaf(host)
 }
 
 // verifiedTLS is c, dialled for host, as an ordinary verifying TLS client:

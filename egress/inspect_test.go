@@ -2,7 +2,9 @@ package egress
 
 import (
 	"bytes"
+	"context"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -195,5 +197,36 @@ func TestCachedLeafNotBehindMint(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("a cached leaf waited for another host's to be minted")
+	}
+}
+
+// TestRunLeafMintsBounded: a run naming new inspected hosts gets leafBurst
+// leaves minted at once and leafRate a second after (the daemon's one CA
+// mints one at a time for every session, and its cache holds maxLeaves:
+// a run naming thousands of hosts took both from every other session);
+// the hosts it has are served still.
+func TestRunLeafMintsBounded(t *testing.T) {
+	a, err := LoadAuthority("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &Gateway{mints: newMints()}
+	if _, err := g.leaf(context.Background(), a, "known.test"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	minted := 0
+	for i := 0; i < 4*leafBurst; i++ {
+		if _, err := g.leaf(ctx, a, fmt.Sprintf("h%d.test", i)); err != nil {
+			break
+		}
+		minted++
+	}
+	if max := leafBurst + leafRate/2; minted > max {
+		t.Errorf("%d leaves minted in 300 ms for one run, over %d", minted, max)
+	}
+	if _, err := g.leaf(ctx, a, "known.test"); err != nil {
+		t.Errorf("a cached leaf refused: %v", err)
 	}
 }

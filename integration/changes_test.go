@@ -540,3 +540,29 @@ func TestChangesRollbackNeverWritesThroughASymlink(t *testing.T) {
 		}
 	}
 }
+
+// TestChangesHandleWriteAfterOutsideRenameIsNeverUnrecorded: a write
+// through a descriptor opened before a checkpoint, after its file was
+// renamed outside the view, is recorded under the file's name now (or
+// refused, or reported by the rollback): never made unrecorded, with a
+// rollback that finds nothing to undo and says nothing.
+func TestChangesHandleWriteAfterOutsideRenameIsNeverUnrecorded(t *testing.T) {
+	d, mnt := runHomeFiles(t, changesRules, func(h *home) {
+		h.write("workspace/a.txt", "alpha\n")
+		chownTree(t, h.path("workspace"), nobody)
+	})
+	ws := d.home.path("workspace")
+	_, say := converseAsNobody(t, "shell2", "-")
+	h := shellAnswer(say("open " + mnt + "/workspace/a.txt"))
+	cp := d.checkpoint("s", "")
+	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "mv", filepath.Join(ws, "a.txt"), filepath.Join(ws, "b.txt")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	answer := say("write " + h + " ZZ")
+	r := d.rollback("s", cp, false)
+	t.Logf("write: %s; rollback: %+v", answer, r)
+	b, _ := os.ReadFile(filepath.Join(ws, "b.txt"))
+	if string(b) != "alpha\n" && len(r.Conflicts) == 0 {
+		t.Fatalf("a write through a handle (%s) changed the renamed file unrecorded: %q after a rollback with no conflict", answer, b)
+	}
+}

@@ -583,3 +583,57 @@ func TestInspectUnprivilegedDaemon(t *testing.T) {
 		t.Log(tail(logs(), 30))
 	}
 }
+
+// TestInspectNoSmuggling: on a terminated connection, framing a server
+// could read otherwise (Content-Length with Transfer-Encoding, two
+// Content-Lengths, folding, bare LF, "chunked, identity", chunk
+// extensions, an oversize chunk) never has the server read a request the
+// gateway did not decide: each hides a request for a path the policy
+// refuses, carrying the secret's placeholder.
+func TestInspectNoSmuggling(t *testing.T) {
+	ih := newInspectHome(t)
+	script := `import os, socket, ssl
+tok = os.environ["GH_TOKEN"]
+inner = "GET /private-smug HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " + tok + "\r\n\r\n"
+cases = [
+ "POST /o1 HTTP/1.1\r\nHost: api.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + inner,
+ "POST /o2 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n" + inner,
+ "POST /o3 HTTP/1.1\r\nHost: api.test\r\nContent-Length: 0\r\nContent-Length: %d\r\n\r\n%s" % (len(inner), inner),
+ "POST /o4 HTTP/1.1\r\nHost: api.test\r\nX-A: a\r\n Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n%s" % (len(inner), inner),
+ "POST /o5 HTTP/1.1\nHost: api.test\nContent-Length: %d\n\n%s" % (len(inner), inner),
+ "POST /o6 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n" + inner,
+ "POST /o7 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n1;x=\"\r\n0\r\n\"\r\nA\r\n0\r\n\r\n" + inner,
+ "POST /o8 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000001\r\nA\r\n0\r\n\r\n" + inner,
+ "POST /o9 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + inner,
+ "POST /o10 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + inner,
+ "GET /o11 HTTP/1.1\r\nHost: api.test\r\nContent-Length: %d\r\n\r\n%s" % (len(inner), inner),
+ "POST /o12 HTTP/1.1\r\nHost: api.test\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n%s" % (len(inner), inner),
+ "POST /o13 HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: " + tok + "\r\n\r\n" + inner,
+]
+ctx = ssl.create_default_context()
+for i, c in enumerate(cases):
+    try:
+        s = ctx.wrap_socket(socket.create_connection(("api.test", 443), timeout=5), server_hostname="api.test")
+        s.sendall(c.encode())
+        out = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except Exception as e:
+        out = repr(e).encode()
+    print("case", i + 1, out.split(b"\r\n")[0].decode(errors="replace"), flush=True)
+`
+	out, _ := condfsRun(t, ih.d, "", "--", "python3", "-c", script)
+	noValue(t, "the run's output", out)
+	if strings.Count(out, "case ") != 13 {
+		t.Fatalf("the run:\n%s", out)
+	}
+	seen := ih.srv.saw()
+	if strings.Contains(seen, "private-smug") {
+		t.Errorf("HOLE: the server read a request nobody decided:\n%s\nthe run:\n%s", seen, out)
+	}
+	noValue(t, "the daemon's log", ih.d.log())
+	t.Logf("the run:\n%s\nthe server:\n%s", out, seen)
+}

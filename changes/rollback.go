@@ -344,10 +344,18 @@ func split(p string) (dir, name string) {
 	return p[:i], p[i+1:]
 }
 
+// testHookRestoring, if set, is called as a restore begins ("begin") and
+// once it has made the entry anew ("made"): tests change the path then, as
+// another process may.
+var testHookRestoring func(p, stage string)
+
 // restore makes p what r says it was; cur is what it is.
 func (s *Store) restore(r record, cur state) error {
 	if r.St.T == "n" && cur.T == "n" {
 		return nil
+	}
+	if testHookRestoring != nil {
+		testHookRestoring(r.P, "begin")
 	}
 	dir, name := split(r.P)
 	pfd, err := safepath.Beneath(s.roots[r.S], dir, unix.O_PATH|unix.O_DIRECTORY, 0)
@@ -362,44 +370,55 @@ func (s *Store) restore(r record, cur state) error {
 	case "f":
 		return s.restoreFile(pfd, name, r, cur)
 	case "d":
-		if cur.T != "d" {
+		fresh := cur.T != "d"
+		if fresh {
 			if err := remove(pfd, name, cur); err != nil {
 				return err
 			}
 			if err := unix.Mkdirat(pfd, name, want.Mode&0o777|0o700); err != nil {
 				return err
 			}
+			made(r.P)
 		}
-		fd, err := safepath.Beneath(pfd, name, unix.O_PATH|unix.O_DIRECTORY, 0)
+		fd, err := openChecked(pfd, name, "d", cur.Ino, fresh)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
 		return setMeta(fd, want, false)
 	case "l":
-		if !(cur.T == "l" && cur.Link == want.Link) {
+		fresh := !(cur.T == "l" && cur.Link == want.Link)
+		if fresh {
 			if err := remove(pfd, name, cur); err != nil {
 				return err
 			}
 			if err := unix.Symlinkat(want.Link, pfd, name); err != nil {
 				return err
 			}
+			made(r.P)
 		}
 		if os.Geteuid() == 0 {
-			unix.Fchownat(pfd, name, int(want.UID), int(want.GID), unix.AT_SYMLINK_NOFOLLOW)
+			fd, err := openChecked(pfd, name, "l", cur.Ino, fresh)
+			if err != nil {
+				return err
+			}
+			unix.Fchownat(fd, "", int(want.UID), int(want.GID), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+			unix.Close(fd)
 		}
 		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(want.Mtime)}
 		return unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 	case "p":
-		if cur.T != "p" {
+		fresh := cur.T != "p"
+		if fresh {
 			if err := remove(pfd, name, cur); err != nil {
 				return err
 			}
 			if err := unix.Mknodat(pfd, name, unix.S_IFIFO|want.Mode&0o777, 0); err != nil {
 				return err
 			}
+			made(r.P)
 		}
-		fd, err := safepath.Beneath(pfd, name, unix.O_PATH, 0)
+		fd, err := openChecked(pfd, name, "p", cur.Ino, fresh)
 		if err != nil {
 			return err
 		}
@@ -407,6 +426,60 @@ func (s *Store) restore(r record, cur state) error {
 		return setMeta(fd, want, false)
 	}
 	return errors.New("a special file is not restored")
+}
+
+func made(p string) {
+	if testHookRestoring != nil {
+		testHookRestoring(p, "made")
+	}
+}
+
+// errSwapped: what a restore was to act on was replaced meanwhile.
+var errSwapped = errors.New("replaced while it was being restored (left as it is)")
+
+// openChecked opens name beneath pfd as O_PATH (a symlink itself) and
+// makes sure it is what the restore means to act on, as the daemon: of
+// type typ, and the inode it checked (ino), or, fresh, one it made itself
+// (the daemon's, and a directory with nothing in it). Another process may
+// rename anything it may onto the name meanwhile: the daemon must never
+// rewrite, chown or chmod that.
+func openChecked(pfd int, name, typ string, ino uint64, fresh bool) (int, error) {
+	fd, err := safepath.Beneath(pfd, name, unix.O_PATH, 0)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ok := stateOf(&st).T == typ
+	if fresh {
+		ok = ok && int(st.Uid) == os.Geteuid() && (typ != "d" || emptyDir(fd))
+	} else {
+		ok = ok && st.Ino == ino
+	}
+	if !ok {
+		unix.Close(fd)
+		return -1, errSwapped
+	}
+	return fd, nil
+}
+
+// emptyDir reports whether the directory fd (O_PATH) holds no entry.
+func emptyDir(fd int) bool {
+	d, err := unix.Open(procPath(fd), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(d)
+	buf := make([]byte, 4096)
+	n, err := unix.Getdents(d, buf)
+	if err != nil {
+		return false
+	}
+	_, count, _ := unix.ParseDirent(buf[:n], -1, nil)
+	return count == 0
 }
 
 // restoreFile writes a regular file's content back: into the same inode
@@ -420,7 +493,14 @@ func (s *Store) restoreFile(pfd int, name string, r record, cur state) error {
 	defer unix.Close(blob)
 	var fd int
 	if cur.T == "f" {
-		fd, err = safepath.Beneath(pfd, name, unix.O_WRONLY|unix.O_TRUNC|unix.O_NONBLOCK, 0)
+		// The inode checked, and no other put there since: opened by
+		// path only to be checked, then reopened (the same inode).
+		var pathFD int
+		if pathFD, err = openChecked(pfd, name, "f", cur.Ino, false); err != nil {
+			return err
+		}
+		fd, err = unix.Open(procPath(pathFD), unix.O_WRONLY|unix.O_TRUNC|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		unix.Close(pathFD)
 	} else {
 		if err := remove(pfd, name, cur); err != nil {
 			return err

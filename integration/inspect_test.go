@@ -637,3 +637,93 @@ for i, c in enumerate(cases):
 	noValue(t, "the daemon's log", ih.d.log())
 	t.Logf("the run:\n%s\nthe server:\n%s", out, seen)
 }
+
+// TestInspectTunnelDecided: a CONNECT to an inspected host is answered
+// 200 undecided, and what it carries is decided as on any connection:
+// plain HTTP request by request, raw bytes as tcp (refused), a client
+// hello for another name reset; after termination a Host or an
+// absolute-form target naming another host, a second request for
+// another host on the same connection are refused; the placeholder case-changed, split across headers, in a
+// Cookie to another host or in userinfo is never the value.
+func TestInspectTunnelDecided(t *testing.T) {
+	ih := newInspectHome(t)
+	script := `import os, socket, ssl, base64
+tok = os.environ["GH_TOKEN"]
+px = os.environ["https_proxy"].split("//")[1].rstrip("/").split(":")
+def tunnel(host):
+    s = socket.create_connection((px[0], int(px[1])), timeout=5)
+    s.sendall(("CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n" % (host, host)).encode())
+    b = b""
+    while b"\r\n\r\n" not in b:
+        b += s.recv(1)
+    return s, b.split(b"\r\n")[0].decode()
+def readall(s):
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except Exception as e:
+        out += repr(e).encode()
+    return out
+def first(out):
+    return " | ".join(l.decode(errors="replace") for l in out.split(b"\r\n") if l.startswith(b"HTTP/"))
+def show(name, out):
+    print(name, first(out) or out[:80], flush=True)
+# plain HTTP through the tunnel, refused path
+s, st = tunnel("api.test")
+s.sendall(b"GET /private-plain HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+show("plain " + st, readall(s))
+s, st = tunnel("api.test")
+s.sendall(b"\x00\x01raw bytes\r\n\r\n")
+show("raw " + st, readall(s))
+ctx = ssl.create_default_context()
+for sni in ["other.test", "web.test", "evil.test"]:
+    s, st = tunnel("api.test")
+    try:
+        ctx.wrap_socket(s, server_hostname=sni)
+        print("sni", sni, "HANDSHAKE-OK", flush=True)
+    except Exception as e:
+        print("sni", sni, "refused", type(e).__name__, flush=True)
+def term(reqs):
+    s, st = tunnel("api.test")
+    t = ctx.wrap_socket(s, server_hostname="api.test")
+    t.sendall(reqs.encode() if isinstance(reqs, str) else reqs)
+    return readall(t)
+A = "Authorization: Bearer " + tok + "\r\n"
+show("host-other", term("GET /x-host HTTP/1.1\r\nHost: other.test\r\n" + A + "\r\n"))
+show("abs-other", term("GET https://other.test/x-abs HTTP/1.1\r\nHost: api.test\r\n" + A + "\r\n"))
+show("abs-http", term("GET http://api.test/x-abshttp HTTP/1.1\r\nHost: api.test\r\n" + A + "\r\n"))
+show("pipelined", term("GET /ok-1 HTTP/1.1\r\nHost: api.test\r\n\r\nGET /x-pipe HTTP/1.1\r\nHost: other.test\r\n" + A + "\r\n"))
+show("case", term("GET /case HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " + tok.upper() + "\r\n\r\n"))
+show("split", term("GET /split HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer " + tok[:20] + "\r\nAuthorization: " + tok[20:] + "\r\n\r\n"))
+show("cookie-other", term("GET /x-cookie HTTP/1.1\r\nHost: other.test\r\nCookie: t=" + tok + "\r\n\r\n"))
+ui = base64.b64encode(("u:" + tok).encode()).decode()
+show("userinfo", term("GET /userinfo HTTP/1.1\r\nHost: api.test\r\nAuthorization: Basic " + ui + "\r\n\r\n"))
+show("userinfo-line", term("GET https://u:" + tok + "@api.test/x-ui HTTP/1.1\r\nHost: api.test\r\n\r\n"))
+`
+	out, _ := condfsRun(t, ih.d, "", "--", "python3", "-c", script)
+	noValue(t, "the run's output", out)
+	t.Logf("the run:\n%s", out)
+	if strings.Contains(out, "HANDSHAKE-OK") {
+		t.Errorf("HOLE: a client hello for another name was terminated:\n%s", out)
+	}
+	seen := ih.srv.saw()
+	for _, l := range strings.Split(seen, "\n") {
+		if strings.Contains(l, "/x-") || strings.Contains(l, "/private") || strings.Contains(l, "auth=ok") && !strings.Contains(l, "/ok-") {
+			t.Errorf("HOLE: the server read %s", l)
+		}
+	}
+	ih.srv.mu.Lock()
+	raw := ih.srv.raw.String()
+	ih.srv.mu.Unlock()
+	t.Logf("the server:\n%s", seen)
+	for _, l := range strings.Split(raw, "\n") {
+		if strings.Contains(l, inspectValue) && !strings.Contains(l, "auth=ok") {
+			t.Errorf("HOLE: the value went where no header of a listed host is: %s", l)
+		}
+	}
+	noValue(t, "the daemon's log", ih.d.log())
+}

@@ -727,3 +727,25 @@ show("userinfo-line", term("GET https://u:" + tok + "@api.test/x-ui HTTP/1.1\r\n
 	}
 	noValue(t, "the daemon's log", ih.d.log())
 }
+
+// TestInspectPlaceholderOfCommandBefore: a placeholder is its command's:
+// a later command that sends an earlier one's (left in a file, say) never
+// has the value put in for it.
+func TestInspectPlaceholderOfCommandBefore(t *testing.T) {
+	ih := newInspectHome(t)
+	old, _ := condfsRun(t, ih.d, "", "--", "sh", "-c", `echo $GH_TOKEN`)
+	old = strings.TrimSpace(old)
+	if !strings.HasPrefix(old, "condfs-secret-gh-") {
+		t.Fatalf("the first command's placeholder: %q", old)
+	}
+	out, _ := condfsRun(t, ih.d, "", "--", "sh", "-c", `curl -sS -i --max-time 10 -H "Authorization: Bearer `+old+`" https://api.test/stale; curl -sS -i --max-time 10 -H "Authorization: Bearer $GH_TOKEN" https://api.test/current`)
+	noValue(t, "the run's output", out)
+	seen := ih.srv.saw()
+	if strings.Contains(seen, "/stale auth=ok") {
+		t.Errorf("HOLE: the last command's placeholder was given the value:\n%s\nthe server:\n%s", out, seen)
+	}
+	if !strings.Contains(seen, "/current auth=ok") {
+		t.Errorf("the command's own placeholder:\n%s\nthe server:\n%s", out, seen)
+	}
+	noValue(t, "the daemon's log", ih.d.log())
+}

@@ -38,8 +38,9 @@ test:
 	# daemon that is not root runs (a space with rules listed by the daemon every time).
 	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_NO_FANOTIFY=1 $(GO) test -race -count=1 -run 'TestListingCache|TestRuledListingCached|TestBackingChangesSeen|TestWalkWhileTreeChanges|TestModelRandom' ./integration/
 	# The egress tests again on the netstack capture (a veth pair and
-	# gVisor's stack), which runs where the kernel has no nftables NAT.
-	CONDFS_TEST_EGRESS_CAPTURE=netstack $(GO) test -race -count=1 -run 'Egress' ./integration/
+	# gVisor's stack), which runs where the kernel has no nftables NAT; the
+	# HTTPS inspection tests too.
+	CONDFS_TEST_EGRESS_CAPTURE=netstack $(GO) test -race -count=1 -run 'Egress|TestInspect' ./integration/
 
 # The views' core must be testable without root: as root, run fsys's unit
 # tests again as uid 65534 (a copy of the tree and of the module download

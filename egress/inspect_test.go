@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -177,17 +178,24 @@ func TestCachedLeafNotBehindMint(t *testing.T) {
 	if _, err := a.Leaf("victim.test"); err != nil {
 		t.Fatal(err)
 	}
+	// The first mint (new.test's) is held until the test ends; a send
+	// that may not block would let it pass the hook unheld when the
+	// minting goroutine reaches it before the test waits for it.
 	entered, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
 	a.minting = func() {
-		select {
-		case entered <- struct{}{}:
+		first.Do(func() {
+			entered <- struct{}{}
 			<-release
-		default:
-		}
+		})
 	}
-	go a.Leaf("new.test")
-	<-entered
 	defer close(release)
+	go a.Leaf("new.test")
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("new.test's leaf was never minted")
+	}
 	got := make(chan error, 1)
 	go func() { _, err := a.Leaf("victim.test"); got <- err }()
 	select {

@@ -40,7 +40,7 @@ test:
 	# The egress tests again on the netstack capture (a veth pair and
 	# gVisor's stack), which runs where the kernel has no nftables NAT; the
 	# HTTPS inspection tests too.
-	CONDFS_TEST_EGRESS_CAPTURE=netstack $(GO) test -race -count=1 -run 'Egress|TestInspect' ./integration/
+	CONDFS_TEST_EGRESS_CAPTURE=netstack $(GO) test -race -count=1 -timeout 30m -run 'Egress|TestInspect' ./integration/
 
 # The views' core must be testable without root: as root, run fsys's unit
 # tests again as uid 65534 (a copy of the tree and of the module download

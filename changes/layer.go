@@ -1,0 +1,944 @@
+package changes
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/safepath"
+)
+
+// A Layer holds a staged session's changes (docs/changes.md, "Staged
+// sessions"). Each space has an upper directory laid out as overlayfs lays
+// out its upper layer with the userxattr option (a removed name is a
+// character device 0/0, a directory whose lower entries are hidden carries
+// user.overlay.opaque=y), and the kernel's overlayfs merges it over the
+// backing tree at STATE_DIR/changes/ID/merged/SPACE: the session's view
+// serves that merged directory exactly as a direct view serves the backing
+// tree (the same decision on the path, openat2 beneath the root, the
+// caller's credentials), so nothing of the session's reaches the backing
+// tree until Commit. The layer is kept on disk and mounted again when the
+// session comes back after a crash.
+//
+// A Layer is the view's change recorder too (the fsys Changes interface):
+// Before notes what the backing tree held at a path the first time the
+// session changes it (a commit finds conflicts by it) and refuses a change
+// beyond MaxBytes.
+type Layer struct {
+	opts   LayerOptions
+	spaces map[string]*layerSpace
+	names  []string // the spaces, sorted
+
+	mu     sync.Mutex
+	closed bool
+	base   map[key]state // what the backing tree held when first staged
+	baseF  *os.File      // base.jsonl, appended
+	sizes  map[key]int64 // bytes of each regular file in the upper layers
+	used   atomic.Int64
+
+	commitMu sync.Mutex // one commit or discard at a time
+}
+
+// LayerOptions configure a Layer.
+type LayerOptions struct {
+	Dir      string            // the session's directory (STATE_DIR/changes/ID)
+	Roots    map[string]string // space name → backing directory
+	Fresh    bool              // a new session: whatever is in Dir is removed first
+	MaxBytes int64             // what the upper layers may hold (default 1 GiB)
+	// Shared, if set, counts what every session of the owner holds: it is
+	// bounded by MaxBytes too.
+	Shared  *atomic.Int64
+	OnLimit func(space, path string) // told of each change refused with ENOSPC
+}
+
+type layerSpace struct {
+	name               string
+	lower, upper, work string
+	merged             string
+	lowerFD, upperFD   int // O_PATH directories
+	mergedFD           int
+	mounted            bool
+}
+
+// ErrNotStaged is returned for a selector that names no staged change.
+var ErrNotStaged = errors.New("no staged change")
+
+// ErrLayerUnavailable: staged sessions need the kernel's overlayfs, which
+// only a root daemon may mount.
+var ErrLayerUnavailable = errors.New("staged sessions need a daemon running as root (the layer is merged by the kernel's overlayfs)")
+
+const opaqueXattr = "user.overlay.opaque"
+
+// OpenLayer makes (or finds again) a session's layer and mounts its merged
+// directories.
+func OpenLayer(opts LayerOptions) (*Layer, error) {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = 1 << 30
+	}
+	if os.Geteuid() != 0 {
+		return nil, ErrLayerUnavailable
+	}
+	if opts.Fresh {
+		unmountUnder(filepath.Join(opts.Dir, "merged"))
+		if err := os.RemoveAll(opts.Dir); err != nil {
+			return nil, fmt.Errorf("staged: clear %s: %w", opts.Dir, err)
+		}
+	}
+	l := &Layer{opts: opts, spaces: map[string]*layerSpace{}, base: map[key]state{}, sizes: map[key]int64{}}
+	for name := range opts.Roots {
+		l.names = append(l.names, name)
+	}
+	sort.Strings(l.names)
+	if err := l.open(); err != nil {
+		l.shut(false)
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Layer) open() error {
+	for _, name := range l.names {
+		lower := l.opts.Roots[name]
+		if strings.ContainsAny(lower, ",:\\") {
+			return fmt.Errorf("staged: backing directory %q: overlayfs cannot name a path with , : or \\", lower)
+		}
+		sp := &layerSpace{name: name, lower: lower, lowerFD: -1, upperFD: -1, mergedFD: -1,
+			upper:  filepath.Join(l.opts.Dir, "upper", name),
+			work:   filepath.Join(l.opts.Dir, "work", name),
+			merged: filepath.Join(l.opts.Dir, "merged", name)}
+		l.spaces[name] = sp
+		for _, d := range []string{sp.upper, sp.work, sp.merged} {
+			if err := safepath.MkdirAll(d, 0o700); err != nil {
+				return fmt.Errorf("staged: %w", err)
+			}
+		}
+		var err error
+		if sp.lowerFD, err = safepath.OpenDir(lower); err != nil {
+			return fmt.Errorf("staged: backing %s: %w", name, err)
+		}
+		if sp.upperFD, err = safepath.OpenDir(sp.upper); err != nil {
+			return fmt.Errorf("staged: layer %s: %w", name, err)
+		}
+		// The upper layer takes the backing root's mode and owner: the
+		// merged root shows them.
+		var st unix.Stat_t
+		if err := unix.Fstat(sp.lowerFD, &st); err != nil {
+			return fmt.Errorf("staged: backing %s: %w", name, err)
+		}
+		if err := unix.Fchmodat(unix.AT_FDCWD, sp.upper, st.Mode&0o7777, 0); err != nil {
+			return fmt.Errorf("staged: layer %s: %w", name, err)
+		}
+		if err := unix.Lchown(sp.upper, int(st.Uid), int(st.Gid)); err != nil {
+			return fmt.Errorf("staged: layer %s: %w", name, err)
+		}
+		unmountUnder(sp.merged) // what a crashed daemon left mounted
+		opt := "lowerdir=" + lower + ",upperdir=" + sp.upper + ",workdir=" + sp.work +
+			",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
+		if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
+			if err == unix.EPERM {
+				return ErrLayerUnavailable
+			}
+			return fmt.Errorf("staged: mount the layer of %s: %w", name, err)
+		}
+		sp.mounted = true
+		if sp.mergedFD, err = safepath.OpenDir(sp.merged); err != nil {
+			return fmt.Errorf("staged: merged %s: %w", name, err)
+		}
+	}
+	if err := l.loadBase(); err != nil {
+		return err
+	}
+	for _, name := range l.names {
+		l.measure(name, l.spaces[name].upperFD, "/")
+	}
+	if l.opts.Shared != nil {
+		l.opts.Shared.Add(l.used.Load())
+	}
+	return nil
+}
+
+// unmountUnder detaches whatever is mounted on dir (a crashed daemon's
+// overlay), as many times as it is mounted.
+func unmountUnder(dir string) {
+	for i := 0; i < 8; i++ {
+		if unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) != nil {
+			return
+		}
+	}
+}
+
+// Merged is the directory the session's view serves for space.
+func (l *Layer) Merged(space string) string {
+	if sp, ok := l.spaces[space]; ok {
+		return sp.merged
+	}
+	return ""
+}
+
+func (l *Layer) loadBase() error {
+	p := filepath.Join(l.opts.Dir, "base.jsonl")
+	data, err := os.ReadFile(p)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("staged: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var r record
+		if json.Unmarshal(sc.Bytes(), &r) != nil {
+			continue // a torn last line: the change it preceded was not made
+		}
+		l.base[key{r.S, r.P}] = r.St
+	}
+	l.baseF, err = os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("staged: %w", err)
+	}
+	return nil
+}
+
+// measure counts the regular files below rel of an upper layer.
+func (l *Layer) measure(space string, root int, rel string) {
+	walkUpper(root, rel, func(p string, st *unix.Stat_t) {
+		if st.Mode&unix.S_IFMT == unix.S_IFREG {
+			l.sizes[key{space, p}] = st.Size
+			l.used.Add(st.Size)
+		}
+	})
+}
+
+// walkUpper calls f for every entry below rel, parents first.
+func walkUpper(root int, rel string, f func(p string, st *unix.Stat_t)) {
+	names, err := listDir(root, rel)
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		p := joinPath(rel, name)
+		var st unix.Stat_t
+		if lstatBeneath(root, p, &st) != nil {
+			continue
+		}
+		f(p, &st)
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			walkUpper(root, p, f)
+		}
+	}
+}
+
+func listDir(root int, rel string) ([]string, error) {
+	fd, err := safepath.Beneath(root, rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "dir")
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	sort.Strings(names)
+	return names, err
+}
+
+func lstatBeneath(root int, p string, st *unix.Stat_t) error {
+	fd, err := safepath.Beneath(root, p, unix.O_PATH, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fstat(fd, st)
+}
+
+func joinPath(dir, name string) string {
+	if dir == "/" {
+		return "/" + name
+	}
+	return dir + "/" + name
+}
+
+// Armed: a layer records every change.
+func (l *Layer) Armed() bool { return l != nil }
+
+// Before notes what the backing tree holds at p the first time the session
+// changes it, and refuses a change once the layers hold MaxBytes (or the
+// owner's sessions together do).
+func (l *Layer) Before(space, p string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return unix.EIO
+	}
+	sp, ok := l.spaces[space]
+	if !ok {
+		return nil
+	}
+	if l.over() {
+		if l.opts.OnLimit != nil {
+			l.opts.OnLimit(space, p)
+		}
+		return fmt.Errorf("staged: the layer holds %d bytes, max_bytes %d: %w", l.used.Load(), l.opts.MaxBytes, unix.ENOSPC)
+	}
+	k := key{space, p}
+	if _, ok := l.base[k]; ok {
+		return nil
+	}
+	cur, err := lowerState(sp.lowerFD, p)
+	if err != nil {
+		return err
+	}
+	return l.noteBase(k, cur)
+}
+
+func (l *Layer) over() bool {
+	if l.used.Load() >= l.opts.MaxBytes {
+		return true
+	}
+	return l.opts.Shared != nil && l.opts.Shared.Load() >= l.opts.MaxBytes
+}
+
+// noteBase records k's state in the backing tree; l.mu is held.
+func (l *Layer) noteBase(k key, cur state) error {
+	data, err := json.Marshal(record{K: kindBefore, S: k.space, P: k.path, St: cur})
+	if err != nil {
+		return err
+	}
+	if _, err := l.baseF.Write(append(data, '\n')); err != nil {
+		return fmt.Errorf("staged: note %s: %w", k.path, err)
+	}
+	l.base[k] = cur
+	return nil
+}
+
+// lowerState states p beneath root without following a symlink: a path
+// through one does not exist (as in the view).
+func lowerState(root int, p string) (state, error) {
+	fd, err := safepath.Beneath(root, p, unix.O_PATH, 0)
+	switch err {
+	case nil:
+	case unix.ENOENT, unix.ENOTDIR, unix.ELOOP:
+		return none, nil
+	default:
+		return state{}, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return state{}, err
+	}
+	cur := stateOf(&st)
+	if cur.T == "l" {
+		if cur.Link, err = readlinkFD(fd); err != nil {
+			return state{}, err
+		}
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+		cur.T = "w" // a whiteout
+	}
+	return cur, nil
+}
+
+// Moved: a directory rename in a staged view moves only what the layer
+// holds (overlayfs answers EXDEV for a backing directory).
+func (l *Layer) Moved(space, from, to string, exchange bool) error {
+	if err := l.Before(space, from); err != nil {
+		return err
+	}
+	return l.Before(space, to)
+}
+
+// Renamed recounts the layer's bytes: the files below moved with it.
+func (l *Layer) Renamed(space, from, to string, exchange bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sp, ok := l.spaces[space]
+	if !ok || l.closed {
+		return
+	}
+	for k, n := range l.sizes {
+		if k.space == space {
+			l.addUsed(-n)
+			delete(l.sizes, k)
+		}
+	}
+	before := l.used.Load()
+	l.measure(space, sp.upperFD, "/")
+	if l.opts.Shared != nil {
+		l.opts.Shared.Add(l.used.Load() - before)
+	}
+}
+
+func (l *Layer) addUsed(n int64) {
+	l.used.Add(n)
+	if l.opts.Shared != nil {
+		l.opts.Shared.Add(n)
+	}
+}
+
+// After recounts p's bytes in the layer.
+func (l *Layer) After(space, p string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sp, ok := l.spaces[space]
+	if !ok || l.closed {
+		return
+	}
+	var st unix.Stat_t
+	var n int64
+	if lstatBeneath(sp.upperFD, p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		n = st.Size
+	}
+	l.setSize(key{space, p}, n)
+}
+
+// Wrote recounts the bytes of the file written through fd.
+func (l *Layer) Wrote(space, p string, fd int) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.spaces[space]; ok && !l.closed {
+		l.setSize(key{space, p}, st.Size)
+	}
+}
+
+func (l *Layer) setSize(k key, n int64) {
+	l.addUsed(n - l.sizes[k])
+	if n == 0 {
+		delete(l.sizes, k)
+	} else {
+		l.sizes[k] = n
+	}
+}
+
+// Use is what the layer holds.
+func (l *Layer) Use() Use {
+	return Use{Bytes: l.used.Load(), MaxBytes: l.opts.MaxBytes}
+}
+
+// staged is one change in the layer, found by comparing it with the
+// backing tree.
+type staged struct {
+	space, path string
+	change      string // added, modified, deleted
+	up, low     state  // the layer's entry (T "w" for a whiteout) and the backing's
+}
+
+func (c staged) shown() string {
+	if (c.change == "deleted" && c.low.T == "d") || (c.change != "deleted" && c.up.T == "d") {
+		return strings.TrimSuffix(c.path, "/") + "/"
+	}
+	return c.path
+}
+
+// list finds the changes in the layers, parents first.
+func (l *Layer) list() ([]staged, error) {
+	var out []staged
+	for _, name := range l.names {
+		sp := l.spaces[name]
+		if err := l.walk(sp, "/", true, false, &out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// walk lists the changes below rel; lowerDir: the backing tree has a
+// directory at rel; hiding: rel is in an opaque directory of the layer (or
+// is one), so the backing entries it does not hold are not in the view.
+func (l *Layer) walk(sp *layerSpace, rel string, lowerDir, hiding bool, out *[]staged) error {
+	names, err := listDir(sp.upperFD, rel)
+	if err != nil {
+		return fmt.Errorf("staged: list %s%s: %w", sp.name, rel, err)
+	}
+	for _, name := range names {
+		p := joinPath(rel, name)
+		up, err := lowerState(sp.upperFD, p)
+		if err != nil {
+			return fmt.Errorf("staged: %s%s: %w", sp.name, p, err)
+		}
+		low := none
+		if lowerDir {
+			if low, err = lowerState(sp.lowerFD, p); err != nil {
+				return fmt.Errorf("staged: %s%s: %w", sp.name, p, err)
+			}
+		}
+		c := staged{space: sp.name, path: p, up: up, low: low}
+		switch {
+		case up.T == "w":
+			if low.T != "n" {
+				c.change = "deleted"
+			}
+		case up.T == "d":
+			hides := hiding || isOpaque(sp.upperFD, p)
+			switch {
+			case low.T == "n":
+				c.change = "added"
+			case low.T != "d" || up.Mode != low.Mode:
+				c.change = "modified"
+			}
+			if c.change != "" {
+				*out = append(*out, c)
+			}
+			if err := l.walk(sp, p, low.T == "d", hides, out); err != nil {
+				return err
+			}
+			if low.T == "d" && hides {
+				if err := l.hiddenBelow(sp, p, out); err != nil {
+					return err
+				}
+			}
+			continue
+		case low.T == "n":
+			c.change = "added"
+		case !sameEntry(sp, p, up, low):
+			c.change = "modified"
+		}
+		if c.change != "" {
+			*out = append(*out, c)
+		}
+	}
+	return nil
+}
+
+// hiddenBelow lists as deleted the backing entries an opaque directory of
+// the layer hides (a directory removed and made again in the session).
+func (l *Layer) hiddenBelow(sp *layerSpace, dir string, out *[]staged) error {
+	names, err := listDir(sp.lowerFD, dir)
+	if err != nil {
+		return nil // nothing below to hide
+	}
+	for _, name := range names {
+		p := joinPath(dir, name)
+		var st unix.Stat_t
+		if lstatBeneath(sp.upperFD, p, &st) == nil {
+			continue // the layer has its own entry there, listed by walk
+		}
+		low, err := lowerState(sp.lowerFD, p)
+		if err != nil {
+			return fmt.Errorf("staged: %s%s: %w", sp.name, p, err)
+		}
+		if low.T != "n" {
+			*out = append(*out, staged{space: sp.name, path: p, change: "deleted", up: state{T: "w"}, low: low})
+		}
+	}
+	return nil
+}
+
+func isOpaque(root int, p string) bool {
+	fd, err := safepath.Beneath(root, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 8)
+	n, err := unix.Fgetxattr(fd, opaqueXattr, buf)
+	return err == nil && n == 1 && buf[0] == 'y'
+}
+
+// sameEntry: the layer's entry at p shows what the backing tree has (a
+// file copied up but not changed, or one committed).
+func sameEntry(sp *layerSpace, p string, up, low state) bool {
+	if up.T != low.T || up.Mode != low.Mode {
+		return false
+	}
+	switch up.T {
+	case "l":
+		return up.Link == low.Link
+	case "f":
+		if up.Size != low.Size {
+			return false
+		}
+		return sameContent(sp.upperFD, sp.lowerFD, p)
+	}
+	return true
+}
+
+func sameContent(a, b int, p string) bool {
+	fa, err := safepath.Beneath(a, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fa)
+	fb, err := safepath.Beneath(b, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fb)
+	ba, bb := make([]byte, 64<<10), make([]byte, 64<<10)
+	for off := int64(0); ; {
+		na, ea := unix.Pread(fa, ba, off)
+		nb, eb := unix.Pread(fb, bb, off)
+		if ea != nil || eb != nil || na != nb || !bytes.Equal(ba[:na], bb[:nb]) {
+			return false
+		}
+		if na == 0 {
+			return true
+		}
+		off += int64(na)
+	}
+}
+
+// Pending reports whether the layer holds a change not in the backing
+// tree.
+func (l *Layer) Pending() (bool, error) {
+	list, err := l.list()
+	return len(list) > 0, err
+}
+
+// Diff lists the staged changes: what the session's view shows that the
+// backing tree does not. visible says which paths the caller may see; the
+// others are counted in hidden. With content, each changed text file
+// carries a unified diff.
+func (l *Layer) Diff(content bool, visible func(space, path string) bool) ([]Change, int, error) {
+	l.commitMu.Lock()
+	defer l.commitMu.Unlock()
+	list, err := l.list()
+	if err != nil {
+		return nil, 0, err
+	}
+	out, hidden := []Change{}, 0
+	for _, c := range list {
+		if !visible(c.space, c.path) {
+			hidden++
+			continue
+		}
+		ch := Change{Space: c.space, Path: c.shown(), Change: c.change}
+		if content && (c.up.T == "f" || c.low.T == "f") && c.up.T != "d" && c.low.T != "d" {
+			l.contentOf(&ch, c)
+		}
+		out = append(out, ch)
+	}
+	return out, hidden, nil
+}
+
+func (l *Layer) contentOf(ch *Change, c staged) {
+	sp := l.spaces[c.space]
+	read := func(root int, st state) ([]byte, bool) {
+		if st.T != "f" {
+			return nil, true
+		}
+		if st.Size > maxDiff {
+			return nil, false
+		}
+		fd, err := safepath.Beneath(root, c.path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return nil, false
+		}
+		defer unix.Close(fd)
+		return readAll(fd, int64(st.Size))
+	}
+	up := c.up
+	if up.T == "w" {
+		up = none
+	}
+	old, ok1 := read(sp.lowerFD, c.low)
+	now, ok2 := read(sp.upperFD, up)
+	if !ok1 || !ok2 || !utf8Valid(old) || !utf8Valid(now) {
+		ch.Binary = true
+		return
+	}
+	ch.Diff = unifiedDiff("a"+c.path, "b"+c.path, string(old), string(now))
+}
+
+// Selector names staged changes: a space, or a path within one and what
+// is below it ("workspace/src" or "/workspace/src").
+type Selector struct{ Space, Path string }
+
+// ParseSelectors checks commit's and discard's paths; each must name a
+// known space and a clean path within it.
+func (l *Layer) ParseSelectors(paths []string) ([]Selector, error) {
+	var out []Selector
+	for _, raw := range paths {
+		p := strings.TrimPrefix(raw, "/")
+		space, rest, _ := strings.Cut(p, "/")
+		if _, ok := l.spaces[space]; !ok {
+			return nil, fmt.Errorf("path %q: begin it with a space (%s)", raw, strings.Join(l.names, " or "))
+		}
+		rest = "/" + strings.TrimSuffix(rest, "/")
+		if rest != "/" && (filepath.Clean(rest) != rest || strings.ContainsRune(rest, 0)) {
+			return nil, fmt.Errorf("path %q: not a clean path (no . or .. or //)", raw)
+		}
+		out = append(out, Selector{space, rest})
+	}
+	return out, nil
+}
+
+func (s Selector) holds(space, p string) bool {
+	return s.Space == space && (s.Path == "/" || p == s.Path || strings.HasPrefix(p, s.Path+"/"))
+}
+
+func selected(sel []Selector, c staged) bool {
+	if len(sel) == 0 {
+		return true
+	}
+	for _, s := range sel {
+		if s.holds(c.space, c.path) {
+			return true
+		}
+	}
+	return false
+}
+
+// CommitResult is what a commit did.
+type CommitResult struct {
+	Committed int        `json:"committed"`
+	Conflicts []Conflict `json:"conflicts"`
+	// Touched: the paths changed in the backing tree.
+	Touched []Touched `json:"-"`
+}
+
+// DiscardResult is what a discard did.
+type DiscardResult struct {
+	Discarded int       `json:"discarded"`
+	Touched   []Touched `json:"-"`
+}
+
+// Commit applies the staged changes under sel (all without) to the backing
+// tree: each path atomically (a file is written beside its target and
+// renamed over it), parents before what is below them. A path the backing
+// tree changed since the session first staged it is a conflict: left as
+// it is and reported, unless force. What is committed stays in the layer,
+// the same as the backing tree (so no longer a change), until a later
+// change of the session. Run again after a crash, it ends in the same
+// state: what was committed is no longer a change.
+func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
+	l.commitMu.Lock()
+	defer l.commitMu.Unlock()
+	res := CommitResult{Conflicts: []Conflict{}}
+	list, err := l.list()
+	if err != nil {
+		return res, err
+	}
+	var todo []staged
+	for _, c := range list {
+		if selected(sel, c) {
+			todo = append(todo, c)
+		}
+	}
+	if len(sel) > 0 && len(todo) == 0 {
+		return res, fmt.Errorf("%w under the paths given", ErrNotStaged)
+	}
+	var skipped []string // conflicting directories: nothing below them goes
+	for _, c := range todo {
+		if under1(skipped, c) {
+			continue
+		}
+		sp := l.spaces[c.space]
+		if reason := l.conflict(sp, c); reason != "" && !force {
+			res.Conflicts = append(res.Conflicts, Conflict{Space: c.space, Path: c.shown(), Reason: reason})
+			if c.up.T == "d" {
+				skipped = append(skipped, c.space+c.path)
+			}
+			continue
+		}
+		if err := commitOne(sp, c); err != nil {
+			return res, fmt.Errorf("staged: commit %s%s: %w", c.space, c.path, err)
+		}
+		cur, err := lowerState(sp.lowerFD, c.path)
+		if err == nil {
+			l.mu.Lock()
+			err = l.noteBase(key{c.space, c.path}, cur)
+			l.mu.Unlock()
+		}
+		if err != nil {
+			return res, err
+		}
+		res.Committed++
+		res.Touched = append(res.Touched, Touched{Space: c.space, Path: c.path, Moved: c.up.T == "d" || c.low.T == "d"})
+	}
+	return res, nil
+}
+
+func under1(dirs []string, c staged) bool {
+	for _, d := range dirs {
+		if strings.HasPrefix(c.space+c.path, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// conflict says why c cannot be committed without force: the backing tree
+// changed at its path since the session first staged it (the nearest path
+// at or above it the session changed; a path below one that did not exist
+// then must not exist now).
+func (l *Layer) conflict(sp *layerSpace, c staged) string {
+	l.mu.Lock()
+	was, ok := l.base[key{c.space, c.path}]
+	absentAbove := false
+	if !ok {
+		for p := c.path; p != "/" && !ok; {
+			p = parentOf(p)
+			var w state
+			if w, ok = l.base[key{c.space, p}]; ok && w.T == "n" {
+				absentAbove = true
+			}
+		}
+	}
+	l.mu.Unlock()
+	cur, err := lowerState(sp.lowerFD, c.path)
+	if err != nil {
+		return "cannot be read in the backing tree: " + err.Error()
+	}
+	switch {
+	case absentAbove:
+		if cur.T != "n" {
+			return "made in the backing tree since the session staged it"
+		}
+	case !ok:
+	case cur.T != was.T:
+		return "changed in the backing tree since the session staged it"
+	case cur.T == "n":
+	case cur.T == "d":
+		if cur.Ino != was.Ino || cur.Mode != was.Mode {
+			return "changed in the backing tree since the session staged it"
+		}
+	case cur.Ino != was.Ino || cur.Size != was.Size || cur.Mtime != was.Mtime || cur.Ctime != was.Ctime || cur.Link != was.Link:
+		return "changed in the backing tree since the session staged it"
+	}
+	return ""
+}
+
+func parentOf(p string) string {
+	i := strings.LastIndexByte(p, '/')
+	if i <= 0 {
+		return "/"
+	}
+	return p[:i]
+}
+
+// commitOne makes the backing tree hold what the layer has at c.path.
+func commitOne(sp *layerSpace, c staged) error {
+	if c.up.T == "w" {
+		return removeBeneath(sp.lowerFD, c.path)
+	}
+	if err := mkParents(sp.upperFD, sp.lowerFD, parentOf(c.path)); err != nil {
+		return err
+	}
+	return copyEntry(sp.upperFD, sp.lowerFD, c.path, c.up, c.low)
+}
+
+// Discard drops the staged changes under sel (all without): the layer is
+// made to show what the backing tree holds, through the merged directory
+// (overlayfs keeps no stale entry of a layer changed beneath it).
+func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
+	l.commitMu.Lock()
+	defer l.commitMu.Unlock()
+	var res DiscardResult
+	list, err := l.list()
+	if err != nil {
+		return res, err
+	}
+	var todo []staged
+	for _, c := range list {
+		if selected(sel, c) {
+			todo = append(todo, c)
+		}
+	}
+	if len(sel) > 0 && len(todo) == 0 {
+		return res, fmt.Errorf("%w under the paths given", ErrNotStaged)
+	}
+	var done []string
+	for _, c := range todo {
+		if under1(done, c) {
+			continue // its directory went back whole
+		}
+		sp := l.spaces[c.space]
+		low, err := lowerState(sp.lowerFD, c.path)
+		if err != nil {
+			return res, fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
+		}
+		if err := discardOne(sp, c, low); err != nil {
+			return res, fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
+		}
+		if low.T == "d" || c.up.T == "d" {
+			if !(c.up.T == "d" && low.T == "d") {
+				done = append(done, c.space+c.path)
+			}
+		}
+		res.Discarded++
+		res.Touched = append(res.Touched, Touched{Space: c.space, Path: c.path, Moved: c.up.T == "d" || low.T == "d"})
+	}
+	l.mu.Lock()
+	for k, n := range l.sizes {
+		l.addUsed(-n)
+		delete(l.sizes, k)
+	}
+	for _, name := range l.names {
+		before := l.used.Load()
+		l.measure(name, l.spaces[name].upperFD, "/")
+		if l.opts.Shared != nil {
+			l.opts.Shared.Add(l.used.Load() - before)
+		}
+	}
+	l.mu.Unlock()
+	return res, nil
+}
+
+func discardOne(sp *layerSpace, c staged, low state) error {
+	if c.up.T == "d" && low.T == "d" {
+		// Its mode changed: what is below it is listed on its own.
+		return unix.Fchmodat(sp.mergedFD, strings.TrimPrefix(c.path, "/"), low.Mode, 0)
+	}
+	if c.up.T != "w" {
+		if err := removeBeneath(sp.mergedFD, c.path); err != nil {
+			return err
+		}
+	}
+	if low.T == "n" {
+		return nil
+	}
+	return copyEntry(sp.lowerFD, sp.mergedFD, c.path, low, none)
+}
+
+// Close unmounts the merged directories and keeps the layer (the session
+// comes back with it); Remove drops it too.
+func (l *Layer) Close() error { return l.shut(false) }
+
+// Remove unmounts the merged directories and removes the layer.
+func (l *Layer) Remove() error { return l.shut(true) }
+
+func (l *Layer) shut(remove bool) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	if l.opts.Shared != nil {
+		l.opts.Shared.Add(-l.used.Load())
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, sp := range l.spaces {
+		for _, fd := range []int{sp.mergedFD, sp.upperFD, sp.lowerFD} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+		if sp.mounted {
+			if err := unix.Unmount(sp.merged, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+				errs = append(errs, fmt.Errorf("staged: unmount %s: %w", sp.merged, err))
+			}
+		}
+	}
+	if l.baseF != nil {
+		l.baseF.Close()
+	}
+	if remove {
+		if err := os.RemoveAll(l.opts.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("staged: remove %s: %w", l.opts.Dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,256 @@
+package changes
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/aymanbagabas/go-udiff"
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/safepath"
+)
+
+func utf8Valid(b []byte) bool { return utf8.Valid(b) }
+
+func unifiedDiff(a, b, old, now string) string { return udiff.Unified(a, b, old, now) }
+
+// Every path below is reached beneath a root with openat2 (no symlink on
+// the way, never above the root, never across a mount), and each name is
+// then changed relative to its parent's descriptor: a symlink or rename
+// raced into the tree makes the step fail, it never leads elsewhere.
+
+// openParent opens p's parent directory beneath root; name is p's last
+// component.
+func openParent(root int, p string) (pfd int, name string, err error) {
+	dir := parentOf(p)
+	name = p[strings.LastIndexByte(p, '/')+1:]
+	pfd, err = safepath.Beneath(root, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	return pfd, name, err
+}
+
+// removeBeneath removes p beneath root, a directory with all below it.
+func removeBeneath(root int, p string) error {
+	pfd, name, err := openParent(root, p)
+	if err == unix.ENOENT || err == unix.ENOTDIR {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	return removeTreeAt(pfd, name)
+}
+
+func removeTreeAt(pfd int, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err == unix.ENOENT {
+			return nil
+		}
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if err := unix.Unlinkat(pfd, name, 0); err != nil && err != unix.ENOENT {
+			return err
+		}
+		return nil
+	}
+	dfd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	names, err := readNames(dfd)
+	if err == nil {
+		for _, n := range names {
+			if err = removeTreeAt(dfd, n); err != nil {
+				break
+			}
+		}
+	}
+	unix.Close(dfd)
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR); err != nil && err != unix.ENOENT {
+		return err
+	}
+	return nil
+}
+
+func readNames(dfd int) ([]string, error) {
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.Getdents(dfd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+	}
+}
+
+// mkParents makes the directories of dir missing beneath dst, as src has
+// them.
+func mkParents(src, dst int, dir string) error {
+	if dir == "/" {
+		return nil
+	}
+	cur, err := lowerState(dst, dir)
+	if err != nil {
+		return err
+	}
+	if cur.T == "d" {
+		return nil
+	}
+	if err := mkParents(src, dst, parentOf(dir)); err != nil {
+		return err
+	}
+	want, err := lowerState(src, dir)
+	if err != nil {
+		return err
+	}
+	if want.T != "d" {
+		return unix.ENOTDIR
+	}
+	return copyEntry(src, dst, dir, want, cur)
+}
+
+// copyEntry makes dst hold at p what src holds there (want; have is what
+// dst has). A file, symlink or FIFO is made under a temporary name beside
+// p and renamed over it, so that a reader sees the old entry or the new,
+// never a part; a directory keeps what is in it when it was one already,
+// and is filled from src when it is made (discard puts back a removed
+// directory whole; a commit lists what is below one on its own, so there
+// is nothing below it in src but what the commit copies next).
+func copyEntry(src, dst int, p string, want, have state) error {
+	pfd, name, err := openParent(dst, p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	if want.T == "d" {
+		if have.T != "d" {
+			if have.T != "n" {
+				if err := removeTreeAt(pfd, name); err != nil {
+					return err
+				}
+			}
+			if err := unix.Mkdirat(pfd, name, 0o700); err != nil && err != unix.EEXIST {
+				return err
+			}
+		}
+		dfd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(dfd)
+		if err := unix.Fchown(dfd, int(want.UID), int(want.GID)); err != nil {
+			return err
+		}
+		if err := unix.Fchmod(dfd, want.Mode); err != nil {
+			return err
+		}
+		if have.T != "d" {
+			names, err := listDir(src, p)
+			if err != nil {
+				return err
+			}
+			for _, n := range names {
+				cp := joinPath(p, n)
+				w, err := lowerState(src, cp)
+				if err != nil {
+					return err
+				}
+				if w.T == "n" || w.T == "w" {
+					continue
+				}
+				if err := copyEntry(src, dst, cp, w, none); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	tmp := tempName()
+	switch want.T {
+	case "l":
+		if err := unix.Symlinkat(want.Link, pfd, tmp); err != nil {
+			return err
+		}
+		if err := unix.Fchownat(pfd, tmp, int(want.UID), int(want.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			unix.Unlinkat(pfd, tmp, 0)
+			return err
+		}
+	case "f":
+		if err := copyFile(src, p, pfd, tmp, want); err != nil {
+			unix.Unlinkat(pfd, tmp, 0)
+			return err
+		}
+	case "p":
+		if err := unix.Mkfifoat(pfd, tmp, want.Mode); err != nil {
+			return err
+		}
+		if err := unix.Fchownat(pfd, tmp, int(want.UID), int(want.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			unix.Unlinkat(pfd, tmp, 0)
+			return err
+		}
+	default:
+		return unix.EOPNOTSUPP
+	}
+	if have.T == "d" {
+		if err := removeTreeAt(pfd, name); err != nil {
+			unix.Unlinkat(pfd, tmp, 0)
+			return err
+		}
+	}
+	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
+		unix.Unlinkat(pfd, tmp, 0)
+		return err
+	}
+	return nil
+}
+
+// tempName is a name no one else picks: a commit's file before its rename.
+func tempName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return ".condfs-staged-" + hex.EncodeToString(b[:])
+}
+
+// copyFile writes a copy of p beneath src to a new file tmp in pfd, with
+// want's mode, owner and mtime, and syncs it before the rename that shows
+// it.
+func copyFile(src int, p string, pfd int, tmp string, want state) error {
+	in, err := safepath.Beneath(src, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(in)
+	out, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(out)
+	if err := copyFD(out, in); err != nil {
+		return err
+	}
+	if err := unix.Fchown(out, int(want.UID), int(want.GID)); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(out, want.Mode); err != nil {
+		return err
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(want.Mtime)}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, procPath(out), ts, 0); err != nil {
+		return err
+	}
+	return unix.Fdatasync(out)
+}

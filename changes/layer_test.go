@@ -1,0 +1,208 @@
+package changes
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+func openTestLayer(t *testing.T, state, backing string, fresh bool) *Layer {
+	t.Helper()
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: fresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func layerFixture(t *testing.T) (backing, state string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the layer is mounted by overlayfs: needs root")
+	}
+	base := t.TempDir()
+	backing, state = filepath.Join(base, "backing"), filepath.Join(base, "state")
+	for _, d := range []string{backing + "/src", backing + "/gone/sub"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, os.WriteFile(backing+"/src/a.txt", []byte("one\n"), 0o644))
+	must(t, os.WriteFile(backing+"/keep.txt", []byte("keep\n"), 0o644))
+	must(t, os.WriteFile(backing+"/gone/sub/x", []byte("x"), 0o644))
+	return backing, state
+}
+
+func diffLines(t *testing.T, l *Layer) []string {
+	t.Helper()
+	list, hidden, err := l.Diff(false, func(string, string) bool { return true })
+	if err != nil || hidden != 0 {
+		t.Fatalf("diff: %v hidden %d", err, hidden)
+	}
+	var out []string
+	for _, c := range list {
+		out = append(out, strings.ToUpper(c.Change[:1])+" "+c.Space+c.Path)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// change makes the session's changes through the merged directory, as the
+// view does, telling the layer first.
+func change(t *testing.T, l *Layer, p string, f func(full string) error) {
+	t.Helper()
+	must(t, l.Before("workspace", p))
+	must(t, f(filepath.Join(l.Merged("workspace"), p)))
+	l.After("workspace", p)
+}
+
+func TestLayerKeepsChangesFromBackingUntilCommit(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("two\n"), 0o644) })
+	change(t, l, "/new.txt", func(p string) error { return os.WriteFile(p, []byte("new\n"), 0o600) })
+	change(t, l, "/gone/sub/x", os.Remove)
+	change(t, l, "/gone/sub", os.Remove)
+	change(t, l, "/gone", os.Remove)
+	change(t, l, "/ln", func(p string) error { return os.Symlink("keep.txt", p) })
+	change(t, l, "/keep.txt", func(p string) error { return os.Chmod(p, 0o600) })
+
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "one\n" {
+		t.Fatalf("backing changed before commit: %q", b)
+	}
+	if _, err := os.Stat(backing + "/new.txt"); err == nil {
+		t.Fatal("a staged file reached the backing tree")
+	}
+	want := []string{"A workspace/ln", "A workspace/new.txt", "D workspace/gone/", "M workspace/keep.txt", "M workspace/src/a.txt"}
+	if got := diffLines(t, l); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("diff %v, want %v", got, want)
+	}
+	res, err := l.Commit(nil, false)
+	if err != nil || res.Committed != 5 || len(res.Conflicts) != 0 {
+		t.Fatalf("commit: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "two\n" {
+		t.Fatalf("commit did not write: %q", b)
+	}
+	if _, err := os.Lstat(backing + "/gone"); !os.IsNotExist(err) {
+		t.Fatalf("deleted directory still in the backing tree: %v", err)
+	}
+	if fi, err := os.Stat(backing + "/keep.txt"); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("chmod not committed: %v %v", fi, err)
+	}
+	if got := diffLines(t, l); len(got) != 0 {
+		t.Fatalf("changes left after commit: %v", got)
+	}
+}
+
+func TestLayerConflictLeftUnlessForced(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("session\n"), 0o644) })
+	must(t, os.WriteFile(backing+"/src/a.txt", []byte("host wrote\n"), 0o644))
+	res, err := l.Commit(nil, false)
+	if err != nil || res.Committed != 0 || len(res.Conflicts) != 1 || res.Conflicts[0].Path != "/src/a.txt" {
+		t.Fatalf("commit: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "host wrote\n" {
+		t.Fatalf("a conflict was overwritten: %q", b)
+	}
+	res, err = l.Commit(nil, true)
+	if err != nil || res.Committed != 1 {
+		t.Fatalf("forced commit: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "session\n" {
+		t.Fatalf("force did not write: %q", b)
+	}
+}
+
+func TestLayerDiscardShowsBackingAgain(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	merged := l.Merged("workspace")
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("two\n"), 0o644) })
+	change(t, l, "/gone/sub/x", os.Remove)
+	change(t, l, "/gone/sub", os.Remove)
+	change(t, l, "/gone", os.Remove)
+	change(t, l, "/new", func(p string) error { return os.Mkdir(p, 0o755) })
+	sel, err := l.ParseSelectors([]string{"workspace/src"})
+	must(t, err)
+	if res, err := l.Discard(sel); err != nil || res.Discarded != 1 {
+		t.Fatalf("discard src: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(merged + "/src/a.txt"); string(b) != "one\n" {
+		t.Fatalf("view after discard: %q", b)
+	}
+	if got := diffLines(t, l); strings.Join(got, ",") != "A workspace/new/,D workspace/gone/" {
+		t.Fatalf("diff after a partial discard: %v", got)
+	}
+	if _, err := l.Discard(nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(merged + "/gone/sub/x"); err != nil || string(b) != "x" {
+		t.Fatalf("a removed directory did not come back: %q %v", b, err)
+	}
+	if _, err := os.Lstat(merged + "/new"); !os.IsNotExist(err) {
+		t.Fatalf("an added directory stayed: %v", err)
+	}
+	if got := diffLines(t, l); len(got) != 0 {
+		t.Fatalf("changes left after discard: %v", got)
+	}
+}
+
+func TestLayerComesBackAfterClose(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("two\n"), 0o644) })
+	must(t, os.WriteFile(backing+"/src/a.txt", []byte("host\n"), 0o644))
+	must(t, l.Close())
+	l = openTestLayer(t, state, backing, false)
+	defer l.Remove()
+	if b, _ := os.ReadFile(l.Merged("workspace") + "/src/a.txt"); string(b) != "two\n" {
+		t.Fatalf("the layer did not come back: %q", b)
+	}
+	// What the backing held when first staged came back too: the host's
+	// write since is still a conflict.
+	if res, err := l.Commit(nil, false); err != nil || len(res.Conflicts) != 1 {
+		t.Fatalf("commit after reopen: %+v %v", res, err)
+	}
+}
+
+func TestLayerBadSelectorsChangeNothing(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/new.txt", func(p string) error { return os.WriteFile(p, []byte("n"), 0o644) })
+	for _, bad := range []string{"elsewhere/x", "workspace/../etc", "workspace/a//b", "/workspace/./x"} {
+		if _, err := l.ParseSelectors([]string{bad}); err == nil {
+			t.Errorf("selector %q accepted", bad)
+		}
+	}
+	sel, err := l.ParseSelectors([]string{"workspace/src"})
+	must(t, err)
+	if _, err := l.Commit(sel, false); err == nil {
+		t.Fatal("a commit of paths with no change answered no error")
+	}
+	if got := diffLines(t, l); strings.Join(got, ",") != "A workspace/new.txt" {
+		t.Fatalf("diff: %v", got)
+	}
+}
+
+func TestLayerRefusesChangesBeyondMaxBytes(t *testing.T) {
+	backing, state := layerFixture(t)
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true, MaxBytes: 100})
+	must(t, err)
+	defer l.Remove()
+	change(t, l, "/big", func(p string) error { return os.WriteFile(p, make([]byte, 200), 0o644) })
+	if err := l.Before("workspace", "/more"); err == nil || !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("a change beyond max_bytes: %v", err)
+	}
+	if u := l.Use(); u.Bytes != 200 {
+		t.Fatalf("use %+v", u)
+	}
+}

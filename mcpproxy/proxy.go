@@ -89,6 +89,10 @@ type Options struct {
 	// to stop the server (Run goes on relaying what the server still
 	// says until its output ends or ctx is done).
 	ClientGone func()
+	// Checkpoint, when set, is called before each allowed tools/call is
+	// forwarded (after its last decision), so that what the call changes
+	// can be undone; a call it fails for is denied, with its error.
+	Checkpoint func(ctx context.Context, tool string) error
 }
 
 // MaxMessage bounds one message (a line) in either direction, and
@@ -567,7 +571,7 @@ func (p *proxy) call(ctx context.Context, m message) {
 	}
 	switch decision {
 	case "allow":
-		p.forward(m)
+		p.forwardCall(ctx, m, name)
 	case "approval_required":
 		if answer := params.Get("inputResponses").Get(approvalKey); answer != nil {
 			// The retry of a call we asked about (multi round-trip).
@@ -581,7 +585,7 @@ func (p *proxy) call(ctx context.Context, m message) {
 					params.Delete("inputResponses")
 					params.Delete("requestState")
 				}
-				p.forward(m)
+				p.forwardCall(ctx, m, name)
 				return
 			}
 			p.deny(m.id, name, []string{"approval required"})
@@ -613,10 +617,26 @@ func (p *proxy) call(ctx context.Context, m message) {
 			p.deny(m.id, name, why)
 			return
 		}
-		p.forward(m)
+		p.forwardCall(ctx, m, name)
 	default:
 		p.deny(m.id, name, reasons)
 	}
+}
+
+// forwardCall forwards a decided tools/call, with its checkpoint made
+// first when the proxy makes them.
+func (p *proxy) forwardCall(ctx context.Context, m message, name string) {
+	if p.opts.Checkpoint != nil {
+		cctx, cancel := context.WithTimeout(ctx, p.opts.DecideTimeout)
+		err := p.opts.Checkpoint(cctx, name)
+		cancel()
+		if err != nil {
+			p.opts.Logger.Warn("no checkpoint; denying", "tool", name, "err", err)
+			p.deny(m.id, name, []string{"no checkpoint could be made before the call (" + err.Error() + "); denied: every call is undoable"})
+			return
+		}
+	}
+	p.forward(m)
 }
 
 // decide asks the decider about one call; no decision is a deny that

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/condfs/condfs/changes"
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/internal/cli"
 	"github.com/condfs/condfs/internal/jsonwire"
@@ -43,6 +44,7 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 	roles := fs.StringArray("role", nil, "a caller role; repeat")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the daemon")
 	viaRun := fs.Bool("bash-via-run", false, "run every Bash call that is not denied through condfs run under --session (the boundary for commands)")
+	checkpoint := fs.Bool("checkpoint", false, "make a checkpoint of --session before each allowed tool call that can write, named after its tool_use_id (docs/changes.md)")
 	if err := cli.ParseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -52,6 +54,9 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 	if *viaRun && *session == "" {
 		return cli.UsageErr(stderr, fs, "--bash-via-run needs --session: condfs run runs under a session")
 	}
+	if *checkpoint && *session == "" {
+		return cli.UsageErr(stderr, fs, "--checkpoint needs --session: checkpoints are a session's")
+	}
 	var ctxParam []string
 	if len(*atoms) > 0 {
 		set, err := cli.ParseContext(*atoms)
@@ -60,7 +65,10 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 		}
 		ctxParam = set.Atoms()
 	}
-	decision, reason, updated := hookDecide(os.Stdin, *socket, *session, ctxParam, *roles, *timeout, *viaRun)
+	decision, reason, updated := hookDecide(os.Stdin, hookOptions{
+		socket: *socket, session: *session, atoms: ctxParam, roles: *roles,
+		timeout: *timeout, viaRun: *viaRun, checkpoint: *checkpoint,
+	})
 	specific := map[string]any{
 		"hookEventName":            "PreToolUse",
 		"permissionDecision":       decision,
@@ -75,15 +83,24 @@ tool_input as args through the daemon (tool.decide), and prints the permission d
 	return nil
 }
 
+// hookOptions are the hook's flags.
+type hookOptions struct {
+	socket, session string
+	atoms, roles    []string
+	timeout         time.Duration
+	viaRun          bool // Bash through condfs run
+	checkpoint      bool // a checkpoint before each call that can write
+}
+
 // hookDecide returns allow, deny or ask with a reason, and the tool input
 // decided when the hook changed it (hook_paths.go); it never panics.
-func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, timeout time.Duration, viaRun bool) (decision, reason string, updated []byte) {
+func hookDecide(stdin io.Reader, o hookOptions) (decision, reason string, updated []byte) {
 	defer func() {
 		if r := recover(); r != nil {
 			decision, reason, updated = "deny", fmt.Sprintf("condfs: internal error (%v); denied", r), nil
 		}
 	}()
-	tool, cwd, input, why := hookInput(stdin)
+	tool, useID, cwd, input, why := hookInput(stdin)
 	if why != "" {
 		return "deny", "condfs: " + why, nil
 	}
@@ -101,30 +118,80 @@ func hookDecide(stdin io.Reader, socket, session string, atoms, roles []string, 
 		updated = args
 	}
 	params := map[string]any{"tool": tool, "args": json.RawMessage(args)}
-	if session != "" {
-		params["session"] = session
+	if o.session != "" {
+		params["session"] = o.session
 	} else {
-		params["context"] = atoms
+		params["context"] = o.atoms
 	}
-	if len(roles) > 0 {
-		params["roles"] = roles
+	if len(o.roles) > 0 {
+		params["roles"] = o.roles
 	}
-	decision, reason = hookAsk(socket, timeout, tool, params)
-	if viaRun && tool == "Bash" && decision != "deny" {
-		return bashViaRun(decision, reason, input, socket, session, roles)
+	decision, reason = hookAsk(o.socket, o.timeout, tool, params)
+	if decision == "deny" {
+		return decision, reason, nil
+	}
+	if o.checkpoint && canWrite(tool) {
+		// Made before Claude Code runs the call (or asks about it): once
+		// the call is let through, nothing it does is before it.
+		if why := hookCheckpoint(o.socket, o.timeout, o.session, useID); why != "" {
+			return "deny", "condfs: " + why + "; denied (--checkpoint: every step that can write is undoable)", nil
+		}
+	}
+	if o.viaRun && tool == "Bash" {
+		return bashViaRun(decision, reason, input, o.socket, o.session, o.roles)
 	}
 	return decision, reason, updated
 }
 
-// hookInput reads a PreToolUse event: the tool, the working directory
-// and the tool's input, or why it cannot be decided.
-func hookInput(stdin io.Reader) (tool, cwd string, input *jsonwire.Value, why string) {
+// readOnlyTools are Claude Code's tools that change no file in a view:
+// every other tool, an MCP tool (mcp__...) or one not known here
+// included, is taken to write.
+var readOnlyTools = map[string]bool{
+	"Read": true, "Glob": true, "Grep": true, "LS": true, "WebFetch": true, "WebSearch": true,
+	"TodoWrite": true, "Task": true, "ExitPlanMode": true, "BashOutput": true, "KillShell": true,
+	"KillBash": true, "ListMcpResourcesTool": true, "ReadMcpResourceTool": true,
+}
+
+func canWrite(tool string) bool { return !readOnlyTools[tool] }
+
+// hookCheckpoint makes a checkpoint of session named after the call's
+// tool_use_id (unnamed when the id cannot name one), or says why not. A
+// name taken already is the same call asked about again: its checkpoint
+// stands.
+func hookCheckpoint(socket string, timeout time.Duration, session, useID string) string {
+	params := map[string]any{"session": session}
+	named := changes.ValidName(useID)
+	if named {
+		params["name"] = useID
+	}
+	c, err := control.DialTimeout(socket, timeout)
+	if err != nil {
+		return fmt.Sprintf("no checkpoint: the daemon at %s is unreachable (%v)", socket, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	err = c.Call("checkpoint.create", params, nil)
+	var ce *control.Error
+	switch {
+	case err == nil:
+		return ""
+	case named && errors.As(err, &ce) && ce.Code == control.CodeInvalidParams && strings.Contains(ce.Message, "names a checkpoint already"):
+		return ""
+	case errors.As(err, &ce):
+		return "no checkpoint: " + ce.Message
+	}
+	return fmt.Sprintf("no checkpoint (%v)", err)
+}
+
+// hookInput reads a PreToolUse event: the tool, the call's tool_use_id,
+// the working directory and the tool's input, or why it cannot be decided.
+func hookInput(stdin io.Reader) (tool, useID, cwd string, input *jsonwire.Value, why string) {
 	data, err := io.ReadAll(io.LimitReader(stdin, maxHookInput+1))
 	if err != nil {
-		return "", "", nil, fmt.Sprintf("cannot read the hook input: %v", err)
+		return "", "", "", nil, fmt.Sprintf("cannot read the hook input: %v", err)
 	}
 	if len(data) > maxHookInput {
-		return "", "", nil, fmt.Sprintf("the hook input is over %d bytes", maxHookInput)
+		return "", "", "", nil, fmt.Sprintf("the hook input is over %d bytes", maxHookInput)
 	}
 	// Read strictly and by exact keys (internal/jsonwire): Claude Code
 	// reads the input with JSON.parse, which matches keys exactly and reads
@@ -133,14 +200,15 @@ func hookInput(stdin io.Reader) (tool, cwd string, input *jsonwire.Value, why st
 	// At most 2^20 values: parsed, a value is held in about 90 bytes.
 	in, err := jsonwire.Parse(data, jsonwire.Rules{Agreed: true, MaxValues: 1 << 20})
 	if err != nil {
-		return "", "", nil, fmt.Sprintf("malformed hook input: %v", err)
+		return "", "", "", nil, fmt.Sprintf("malformed hook input: %v", err)
 	}
 	if in.Kind != jsonwire.Object {
-		return "", "", nil, "malformed hook input: not a JSON object"
+		return "", "", "", nil, "malformed hook input: not a JSON object"
 	}
 	event, _ := in.Get("hook_event_name").Text()
 	tool, _ = in.Get("tool_name").Text()
 	cwd, _ = in.Get("cwd").Text()
+	useID, _ = in.Get("tool_use_id").Text()
 	input = in.Get("tool_input")
 	switch {
 	case event != "PreToolUse":
@@ -148,13 +216,13 @@ func hookInput(stdin io.Reader) (tool, cwd string, input *jsonwire.Value, why st
 		if event != "" {
 			ev = event
 		}
-		return "", "", nil, fmt.Sprintf("this hook decides PreToolUse events, not %q", ev)
+		return "", "", "", nil, fmt.Sprintf("this hook decides PreToolUse events, not %q", ev)
 	case tool == "":
-		return "", "", nil, "the hook input has no tool_name"
+		return "", "", "", nil, "the hook input has no tool_name"
 	case input == nil || input.Kind != jsonwire.Object:
-		return "", "", nil, "tool_input must be a JSON object"
+		return "", "", "", nil, "tool_input must be a JSON object"
 	}
-	return tool, cwd, input, ""
+	return tool, useID, cwd, input, ""
 }
 
 // hookAsk asks the daemon for the decision and turns it into the hook's.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +48,7 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	atoms := fs.StringArray("context", nil, "the context, when there is no session: an atom (repeat) or a JSON description")
 	roles := fs.StringArray("role", nil, "a caller role; repeat")
 	grace := fs.Duration("grace", 5*time.Second, "how long the server may take to exit after the client closes")
+	checkpoint := fs.Bool("checkpoint", false, "make a checkpoint of --session before each allowed tools/call (docs/changes.md)")
 	if err := cli.ParseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -55,6 +58,9 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	}
 	if (*session == "") == (len(*atoms) == 0) {
 		return cli.UsageErr(stderr, fs, "give --session or --context (one of them)")
+	}
+	if *checkpoint && *session == "" {
+		return cli.UsageErr(stderr, fs, "--checkpoint needs --session: checkpoints are a session's")
 	}
 	var ctxAtoms []string
 	if len(*atoms) > 0 {
@@ -126,6 +132,9 @@ the client can ask. tools/list leaves out the tools the roles can never call.`, 
 	// steps start: nothing waits for a server that ignores the end of its
 	// input.
 	opts := mcpproxy.Options{Decider: d, Logger: logger, ClientGone: stopIt, DecideTimeout: decideTimeout}
+	if *checkpoint {
+		opts.Checkpoint = d.Checkpoint
+	}
 	// A server that reads nothing more holds the relay in a write to it,
 	// and the relay never reads the end of the client's input: the hang-up
 	// itself starts the grace steps, once Run would have (a client that
@@ -354,6 +363,31 @@ func (d *socketDecider) Decide(ctx context.Context, tool string, args json.RawMe
 		return "", nil, err
 	}
 	return res.Decision, res.Reasons, nil
+}
+
+// Checkpoint makes a checkpoint of the session before a call to tool,
+// named mcp-TOOL-RANDOM (the tool's name cut to what a name may hold).
+func (d *socketDecider) Checkpoint(ctx context.Context, tool string) error {
+	return d.call(ctx, "checkpoint.create", map[string]any{"session": d.session, "name": checkpointName(tool)}, nil)
+}
+
+func checkpointName(tool string) string {
+	var b strings.Builder
+	b.WriteString("mcp-")
+	for _, c := range []byte(tool) {
+		if b.Len() >= 4+40 {
+			break
+		}
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	var r [4]byte
+	rand.Read(r[:])
+	b.WriteString("-" + hex.EncodeToString(r[:]))
+	return b.String()
 }
 
 func (d *socketDecider) Callable(ctx context.Context, tools []string) ([]string, error) {

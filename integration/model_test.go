@@ -5,6 +5,12 @@ package integration
 // exchanges, links, unlinks, chmods and reads and writes through held
 // handles, while the test switches the session's context, reloads the rules
 // and renames files through a second (root) view and in the backing tree.
+// Seeds with checkpoints (modelCase.changes) also make checkpoints of the
+// session and roll back to them: when nothing but the session changed the
+// tree since a checkpoint, a rollback to it must bring the backing tree
+// back exactly (content, type, mode, target, a file's mtime), with no
+// conflict; otherwise it may report conflicts, and the view is checked as
+// after any step.
 // After every step the whole backing tree is checked through the view
 // against a model: the rules (acl, in-process) in the current context, the
 // view's hiding rules, and what uid 65534 may do natively (POSIX modes; the
@@ -24,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -130,6 +137,24 @@ type model struct {
 	// leads to the same inode; an operation through it is decided by the
 	// inode's current name, so it is judged by that name (see via).
 	moved map[string]string
+	// Checkpoints (when the case makes them): oldest first, each with the
+	// backing tree when it was made. cprng chooses them, apart from rng,
+	// so that the operations a seed makes do not depend on whether it
+	// makes checkpoints.
+	changes bool
+	cprng   *rand.Rand
+	cps     []modelCheckpoint
+	// made and undone count checkpoints made and rollbacks; exact those
+	// whose result was predicted exactly.
+	made, undone, exact int
+}
+
+// modelCheckpoint is a checkpoint the model made: the backing tree then,
+// and whether anything but the session changed the tree since.
+type modelCheckpoint struct {
+	id       string
+	tree     map[string]string
+	external bool
 }
 
 type heldFile struct {
@@ -384,16 +409,23 @@ func (m *model) act(i int) {
 		if err == nil {
 			m.backingChanged = false
 			m.moved[p] = dst
+			m.externalChange()
 		}
 		desc = fmt.Sprintf("root view: rename %s %s: %v", p, dst, err == nil)
 	case 14:
 		// In the backing tree, as root: a second name for a file.
 		err := os.Link(m.backing(p), m.backing(q))
+		if err == nil {
+			m.externalChange()
+		}
 		m.backingChanged = m.backingChanged || err == nil
 		m.backingStep = err == nil
 		desc = fmt.Sprintf("backing: link %s %s: %v", p, q, err == nil)
 	case 15:
 		err := os.Remove(m.backing(q))
+		if err == nil {
+			m.externalChange()
+		}
 		m.backingChanged = m.backingChanged || err == nil
 		m.backingStep = err == nil
 		desc = fmt.Sprintf("backing: remove %s: %v", q, err == nil)
@@ -401,6 +433,73 @@ func (m *model) act(i int) {
 	if desc != "" {
 		m.log = append(m.log, fmt.Sprintf("%d: %s", i, desc))
 	}
+}
+
+func (m *model) externalChange() {
+	for i := range m.cps {
+		m.cps[i].external = true
+	}
+}
+
+// changesStep makes a checkpoint of the session, or rolls back to one,
+// now and then (chosen by cprng); it reports whether it did.
+func (m *model) changesStep(i int) bool {
+	if !m.changes {
+		return false
+	}
+	switch r := m.cprng.Intn(24); {
+	case r < 2:
+		var res struct{ ID string }
+		m.d.call("checkpoint.create", map[string]any{"session": "a"}, &res)
+		m.made++
+		m.cps = append(m.cps, modelCheckpoint{id: res.ID, tree: backingTree(m.t, m.h.path("memories"))})
+		m.log = append(m.log, fmt.Sprintf("%d: checkpoint %s", i, res.ID))
+		return true
+	case r < 4 && len(m.cps) > 0:
+		// The newest most often: the fewer steps since, the likelier
+		// only the session changed the tree, and the result is predicted.
+		k := len(m.cps) - 1
+		if m.cprng.Intn(3) == 0 {
+			k = m.cprng.Intn(len(m.cps))
+		}
+		cp := m.cps[k]
+		var res rollbackResult
+		m.d.call("checkpoint.rollback", map[string]any{"session": "a", "checkpoint": cp.id}, &res)
+		m.log = append(m.log, fmt.Sprintf("%d: rollback to %s (external changes since: %v): %d restored, %d conflicts",
+			i, cp.id, cp.external, res.Restored, len(res.Conflicts)))
+		m.undone++
+		// The checkpoints after it are dropped; it stays.
+		m.cps = m.cps[:k+1]
+		// A restored file may be a new inode under an old name: what a
+		// held handle reads is judged again after the next switch,
+		// reload or rename, as after a change in the backing tree.
+		m.backingChanged = true
+		if cp.external {
+			return true
+		}
+		m.exact++
+		if len(res.Conflicts) != 0 {
+			m.fail("rollback to %s with only the session's changes since: conflicts %+v", cp.id, res.Conflicts)
+		}
+		got := backingTree(m.t, m.h.path("memories"))
+		var diffs []string
+		for p, w := range cp.tree {
+			if g := got[p]; g != w {
+				diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
+			}
+		}
+		for p, g := range got {
+			if _, ok := cp.tree[p]; !ok {
+				diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
+			}
+		}
+		if len(diffs) > 0 {
+			sort.Strings(diffs)
+			m.fail("rollback to %s left the backing tree unlike it was:\n%s", cp.id, strings.Join(diffs, "\n"))
+		}
+		return true
+	}
+	return false
 }
 
 // via judges an operation on p: by p, or by a name a rename through the
@@ -529,10 +628,12 @@ func (m *model) check() {
 	}
 }
 
-// modelCase is a seed and the number of steps it runs.
+// modelCase is a seed and the number of steps it runs; changes: it also
+// makes checkpoints and rolls back.
 type modelCase struct {
-	seed  int64
-	steps int
+	seed    int64
+	steps   int
+	changes bool
 }
 
 // modelCases are the fixed cases: seeds 1–3, and every seed that once found
@@ -540,15 +641,16 @@ type modelCase struct {
 // their outcomes also depend on timing (the watcher's events, TTLs, the
 // kernel's cache), so a failure replays at the same step only as far as
 // the hole allows. Each seed here failed at its last step on every replay
-// before its fix.
+// before its fix; they make no checkpoints, which would change what their
+// steps find.
 var modelCases = []modelCase{
-	{1, 250}, {2, 250}, {3, 250},
+	{1, 250, true}, {2, 250, true}, {3, 250, true},
 	// Issue 22, finding 5: a chmod 000 through the view, then a listing
 	// the kernel kept, opened on the 0755 go-fuse reported (NullPermissions).
-	{1796194089136940365, 189},
-	{1796194085459807542, 504},
-	{1796194092266760894, 699},
-	{1796194078249133087, 1888},
+	{1796194089136940365, 189, false},
+	{1796194085459807542, 504, false},
+	{1796194092266760894, 699, false},
+	{1796194078249133087, 1888, false},
 }
 
 // TestModelRandom runs the fixed cases (modelCases). CONDFS_MODEL_SEED
@@ -570,7 +672,7 @@ func TestModelRandom(t *testing.T) {
 	switch s := os.Getenv("CONDFS_MODEL_SEED"); s {
 	case "":
 	case "random":
-		cases = []modelCase{{time.Now().UnixNano(), steps}}
+		cases = []modelCase{{time.Now().UnixNano(), steps, true}}
 	default:
 		cases = nil
 		for _, f := range strings.Split(s, ",") {
@@ -578,7 +680,7 @@ func TestModelRandom(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CONDFS_MODEL_SEED=%q: %v", s, err)
 			}
-			cases = append(cases, modelCase{n, steps})
+			cases = append(cases, modelCase{n, steps, true})
 		}
 	}
 	var budget time.Duration
@@ -594,11 +696,12 @@ func TestModelRandom(t *testing.T) {
 		if b == 0 {
 			b = modelBudget(c.steps)
 		}
-		modelRun(t, c.seed, c.steps, b)
+		modelRun(t, c, b)
 	}
 }
 
-func modelRun(t *testing.T, seed int64, steps int, budget time.Duration) {
+func modelRun(t *testing.T, c modelCase, budget time.Duration) {
+	seed, steps := c.seed, c.steps
 	t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 		h := openHome(t, modelRules[0])
 		for _, d := range modelDirs[1:] {
@@ -610,7 +713,8 @@ func modelRun(t *testing.T, seed int64, steps int, budget time.Duration) {
 		}
 		chownTree(t, h.path("memories"), nobody)
 		d := startDaemon(t, h)
-		m := &model{t: t, h: h, d: d, seed: seed, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed))}
+		m := &model{t: t, h: h, d: d, seed: seed, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed)),
+			changes: c.changes, cprng: rand.New(rand.NewSource(seed ^ 0x5eed))}
 		m.setRules(0)
 		m.setContext(true)
 		m.view = d.openFor("a", nobody, dmCtx)
@@ -623,8 +727,11 @@ func modelRun(t *testing.T, seed int64, steps int, budget time.Duration) {
 			m.backingStep = false
 			m.act(i)
 			m.check()
+			if m.changesStep(i) {
+				m.check()
+			}
 		}
-		t.Logf("seed %d: %d of %d steps (%d logged)", seed, i, steps, len(m.log))
+		t.Logf("seed %d: %d of %d steps (%d logged); %d checkpoints, %d rollbacks (%d predicted exactly)", seed, i, steps, len(m.log), m.made, m.undone, m.exact)
 	})
 }
 

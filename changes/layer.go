@@ -825,7 +825,7 @@ func commitOne(sp *layerSpace, c staged) error {
 	if err := mkParents(sp.upperFD, sp.lowerFD, parentOf(c.path)); err != nil {
 		return err
 	}
-	return copyEntry(sp.upperFD, sp.lowerFD, c.path, c.up, c.low)
+	return copyEntry(sp.upperFD, sp.lowerFD, c.path, c.up, c.low, false)
 }
 
 // Discard drops the staged changes under sel (all without): the layer is
@@ -898,7 +898,7 @@ func discardOne(sp *layerSpace, c staged, low state) error {
 	if low.T == "n" {
 		return nil
 	}
-	return copyEntry(sp.lowerFD, sp.mergedFD, c.path, low, none)
+	return copyEntry(sp.lowerFD, sp.mergedFD, c.path, low, none, true)
 }
 
 // Close unmounts the merged directories and keeps the layer (the session

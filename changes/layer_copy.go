@@ -120,17 +120,17 @@ func mkParents(src, dst int, dir string) error {
 	if want.T != "d" {
 		return unix.ENOTDIR
 	}
-	return copyEntry(src, dst, dir, want, cur)
+	return copyEntry(src, dst, dir, want, cur, false)
 }
 
 // copyEntry makes dst hold at p what src holds there (want; have is what
 // dst has). A file, symlink or FIFO is made under a temporary name beside
 // p and renamed over it, so that a reader sees the old entry or the new,
 // never a part; a directory keeps what is in it when it was one already,
-// and is filled from src when it is made (discard puts back a removed
-// directory whole; a commit lists what is below one on its own, so there
-// is nothing below it in src but what the commit copies next).
-func copyEntry(src, dst int, p string, want, have state) error {
+// and with deep is filled from src when it is made (discard puts back a
+// removed directory whole; a commit takes what is below one path by path,
+// each checked for conflicts).
+func copyEntry(src, dst int, p string, want, have state, deep bool) error {
 	pfd, name, err := openParent(dst, p)
 	if err != nil {
 		return err
@@ -158,7 +158,7 @@ func copyEntry(src, dst int, p string, want, have state) error {
 		if err := unix.Fchmod(dfd, want.Mode); err != nil {
 			return err
 		}
-		if have.T != "d" {
+		if have.T != "d" && deep {
 			names, err := listDir(src, p)
 			if err != nil {
 				return err
@@ -172,7 +172,7 @@ func copyEntry(src, dst int, p string, want, have state) error {
 				if w.T == "n" || w.T == "w" {
 					continue
 				}
-				if err := copyEntry(src, dst, cp, w, none); err != nil {
+				if err := copyEntry(src, dst, cp, w, none, true); err != nil {
 					return err
 				}
 			}

@@ -23,19 +23,105 @@ import (
 // back with it), removed when a client closes the session. A daemon
 // without a state directory keeps none: checkpoint.create says so.
 
-// changesMode checks session.open's changes param: "" and "direct" open a
-// direct session; "staged" is refused until staged sessions exist.
-func (d *Daemon) changesMode(mode string) *control.Error {
+// changesMode checks session.open's changes param and gives the mode: ""
+// takes [changes] mode of conditions.toml.
+func (d *Daemon) changesMode(mode string) (string, *control.Error) {
 	if mode == "" {
 		mode = d.conditions.Load().Changes().Mode()
 	}
 	switch mode {
 	case "direct":
-		return nil
+		return mode, nil
 	case "staged":
-		return control.Errorf(control.CodeInvalidParams, "changes %q: staged sessions are not available yet (docs/changes.md); open a direct session and use checkpoints", mode)
+		if d.cfg.StateDir == "" {
+			return "", control.Errorf(control.CodeInvalidParams, "changes \"staged\": a staged session keeps its layer under the state directory, and this daemon has none (--state-dir)")
+		}
+		if os.Geteuid() != 0 {
+			return "", control.Errorf(control.CodeInvalidParams, "changes \"staged\": %v", changes.ErrLayerUnavailable)
+		}
+		return mode, nil
 	}
-	return control.Errorf(control.CodeInvalidParams, "changes %q: want \"direct\" or \"staged\"", mode)
+	return "", control.Errorf(control.CodeInvalidParams, "changes %q: want \"direct\" or \"staged\"", mode)
+}
+
+// stagedOnly is what a session's saved state says of its mode: "staged"
+// or nothing (direct, as every state file before staged sessions).
+func stagedOnly(mode string) string {
+	if mode == "staged" {
+		return mode
+	}
+	return ""
+}
+
+// openLayer opens a staged session's layer before its view is mounted
+// (the view serves the merged directories): a restored session finds its
+// layer again, a new one starts empty (what an earlier session of the id
+// left is removed).
+func (d *Daemon) openLayer(s *session, restored bool) *control.Error {
+	if s.mode != "staged" {
+		return nil
+	}
+	if d.cfg.StateDir == "" {
+		return control.Errorf(control.CodeInvalidParams, "changes \"staged\": the daemon has no state directory (--state-dir)")
+	}
+	roots := map[string]string{"memories": d.cfg.Memories, "workspace": d.cfg.Workspace}
+	cfg := d.conditions.Load().Changes()
+	id := s.id
+	l, err := changes.OpenLayer(changes.LayerOptions{
+		Dir: d.changesDir(s), Roots: roots, Fresh: !restored, MaxBytes: cfg.MaxBytes(), Shared: d.heldBy(s.owner),
+		OnLimit: func(space, path string) {
+			d.metrics.Change("enospc", 1)
+			d.audit.Info("changes", "kind", "changes", "session", id, "op", "enospc", "space", space, "path", clip(path),
+				"max_bytes", cfg.MaxBytes())
+		},
+	})
+	if errors.Is(err, changes.ErrLayerUnavailable) {
+		return control.Errorf(control.CodeInvalidParams, "changes \"staged\": %v", err)
+	}
+	if err != nil {
+		d.log.Error("staged session: its layer cannot be opened", "session", s.id, "err", err)
+		return control.Errorf(control.CodeInternal, "session %q: its staged layer cannot be opened: %v", s.id, err)
+	}
+	s.layer = l
+	return nil
+}
+
+// closeLayer unmounts a staged session's layer, after its view: removed
+// when a client closed the session, kept when the daemon stops (the
+// session comes back with it).
+func (d *Daemon) closeLayer(s *session, remove bool) {
+	if s.layer == nil {
+		return
+	}
+	var err error
+	if remove {
+		err = s.layer.Remove()
+	} else {
+		err = s.layer.Close()
+	}
+	if err != nil {
+		d.log.Warn("staged session", "session", s.id, "err", err)
+	}
+}
+
+// mayClose refuses to close a staged session holding uncommitted changes,
+// unless the client discards them.
+func (d *Daemon) mayClose(s *session, discard bool) *control.Error {
+	if s.layer == nil {
+		return nil
+	}
+	pending, err := s.layer.Pending()
+	if err != nil {
+		return control.Errorf(control.CodeInternal, "session %q: its staged changes cannot be listed: %v", s.id, err)
+	}
+	if pending && !discard {
+		return control.Errorf(control.CodeUncommitted, "session %q has uncommitted staged changes: commit them (changes.commit), or close with discard (ctl close --discard)", s.id)
+	}
+	if pending {
+		d.metrics.Change("discard", 1)
+		d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", s.view.Context().Atoms(), "op", "discard", "reason", "close")
+	}
+	return nil
 }
 
 // openChanges prepares s's undo store when the session opens: a restored
@@ -46,7 +132,7 @@ func (d *Daemon) changesMode(mode string) *control.Error {
 // leftover store (an earlier session of that id the daemon did not bring
 // back) is removed.
 func (d *Daemon) openChanges(s *session, restored bool) {
-	if d.cfg.StateDir == "" || s.view == nil {
+	if d.cfg.StateDir == "" || s.view == nil || s.layer != nil {
 		return
 	}
 	dir := d.changesDir(s)
@@ -81,6 +167,9 @@ func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error)
 	}
 	if s.changesClosed {
 		return nil, control.Errorf(control.CodeUnknownSession, "session %q is closing", s.id)
+	}
+	if s.layer != nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "session %q is staged: it keeps no checkpoints (its changes are held back until changes.commit; changes.discard undoes them)", s.id)
 	}
 	if d.cfg.StateDir == "" || s.view == nil {
 		return nil, control.Errorf(control.CodeInternal, "session %q keeps no checkpoints: the daemon has no state directory (--state-dir)", s.id)
@@ -321,6 +410,16 @@ func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any,
 	if cerr != nil {
 		return nil, cerr
 	}
+	if s.layer != nil {
+		if p.Since != "" {
+			return nil, changesError(fmt.Errorf("checkpoint %q: %w (a staged session keeps none: its diff is since it opened)", p.Since, changes.ErrUnknownCheckpoint))
+		}
+		list, hidden, err := s.layer.Diff(p.Content, d.visibleTo(s))
+		if err != nil {
+			return nil, changesError(err)
+		}
+		return map[string]any{"changes": list, "hidden": hidden}, nil
+	}
 	if st == nil {
 		if p.Since != "" {
 			return nil, changesError(fmt.Errorf("checkpoint %q: %w", p.Since, changes.ErrUnknownCheckpoint))
@@ -343,8 +442,49 @@ func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any,
 	return map[string]any{"changes": list, "hidden": hidden}, nil
 }
 
-// mChangesCommit and mChangesDiscard answer -32032: only staged sessions
-// hold changes back, and none is staged yet.
+// visibleTo says which paths s's current context may see.
+func (d *Daemon) visibleTo(s *session) func(space, path string) bool {
+	cfg, atoms := d.conditions.Load(), s.view.Context()
+	return func(space, path string) bool {
+		sp, err := acl.ParseSpace(space)
+		if err != nil {
+			return false
+		}
+		vis, _ := cfg.Visible(sp, path, atoms)
+		return vis
+	}
+}
+
+// stagedOf finds a staged session for a peer; a direct one answers
+// -32032.
+func (d *Daemon) stagedOf(ctx context.Context, id string) (*session, *control.Error) {
+	s, cerr := d.session(ctx, id)
+	if cerr != nil {
+		return nil, cerr
+	}
+	if s.layer == nil {
+		return nil, control.Errorf(control.CodeNotStaged, "session %q is direct: its changes are in the backing tree already (commit and discard are for staged sessions; use checkpoint.rollback)", id)
+	}
+	return s, nil
+}
+
+func selectorsOf(s *session, paths []string) ([]changes.Selector, *control.Error) {
+	sel, err := s.layer.ParseSelectors(paths)
+	if err != nil {
+		return nil, control.Errorf(control.CodeInvalidParams, "paths: %v", err)
+	}
+	return sel, nil
+}
+
+func stagedError(err error) *control.Error {
+	if errors.Is(err, changes.ErrNotStaged) {
+		return control.Errorf(control.CodeInvalidParams, "paths: %v (changes.diff lists them)", err)
+	}
+	return control.Errorf(control.CodeInternal, "%v (what was done stays done; run it again to finish)", err)
+}
+
+// mChangesCommit applies a staged session's changes to the backing tree
+// (docs/changes.md); a direct session answers -32032.
 func (d *Daemon) mChangesCommit(ctx context.Context, params json.RawMessage) (any, *control.Error) {
 	var p struct {
 		Session string   `json:"session"`
@@ -354,9 +494,35 @@ func (d *Daemon) mChangesCommit(ctx context.Context, params json.RawMessage) (an
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	return nil, d.notStaged(ctx, p.Session)
+	s, cerr := d.stagedOf(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	sel, cerr := selectorsOf(s, p.Paths)
+	if cerr != nil {
+		return nil, cerr
+	}
+	res, err := s.layer.Commit(sel, p.Force)
+	restoredInView(s, res.Touched)
+	if err != nil && res.Committed == 0 && len(res.Conflicts) == 0 {
+		return nil, stagedError(err)
+	}
+	d.metrics.Change("commit", 1)
+	d.metrics.Change("conflict", len(res.Conflicts))
+	conflicts := make([]string, 0, len(res.Conflicts))
+	for _, c := range res.Conflicts {
+		conflicts = append(conflicts, clip(c.Space+c.Path))
+	}
+	d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", s.view.Context().Atoms(), "op", "commit",
+		"paths", clipAll(p.Paths), "force", p.Force, "committed", res.Committed, "conflicts", clipAll(conflicts))
+	if err != nil {
+		return nil, stagedError(err)
+	}
+	return res, nil
 }
 
+// mChangesDiscard drops a staged session's changes; a direct session
+// answers -32032.
 func (d *Daemon) mChangesDiscard(ctx context.Context, params json.RawMessage) (any, *control.Error) {
 	var p struct {
 		Session string   `json:"session"`
@@ -365,18 +531,34 @@ func (d *Daemon) mChangesDiscard(ctx context.Context, params json.RawMessage) (a
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	return nil, d.notStaged(ctx, p.Session)
-}
-
-func (d *Daemon) notStaged(ctx context.Context, id string) *control.Error {
-	if _, cerr := d.session(ctx, id); cerr != nil {
-		return cerr
+	s, cerr := d.stagedOf(ctx, p.Session)
+	if cerr != nil {
+		return nil, cerr
 	}
-	return control.Errorf(control.CodeNotStaged, "session %q is direct: its changes are in the backing tree already (commit and discard are for staged sessions; use checkpoint.rollback)", id)
+	sel, cerr := selectorsOf(s, p.Paths)
+	if cerr != nil {
+		return nil, cerr
+	}
+	res, err := s.layer.Discard(sel)
+	restoredInView(s, res.Touched)
+	if err != nil && res.Discarded == 0 {
+		return nil, stagedError(err)
+	}
+	d.metrics.Change("discard", 1)
+	d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", s.view.Context().Atoms(), "op", "discard",
+		"paths", clipAll(p.Paths), "discarded", res.Discarded)
+	if err != nil {
+		return nil, stagedError(err)
+	}
+	return res, nil
 }
 
 // changesUse is what status shows of a session's store.
 func changesUse(s *session) *changes.Use {
+	if s.layer != nil {
+		u := s.layer.Use()
+		return &u
+	}
 	st := s.changes.Load()
 	if st == nil {
 		return nil

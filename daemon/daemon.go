@@ -150,6 +150,10 @@ type session struct {
 	changesMu     sync.Mutex
 	changes       atomic.Pointer[changes.Store]
 	changesClosed bool // guarded by changesMu
+	// mode is "direct" or "staged"; layer holds a staged session's
+	// changes (changes.go), set before its view is mounted.
+	mode  string
+	layer *changes.Layer
 }
 
 // validSessionID: 1 to 64 of A-Z a-z 0-9 _ . - (a regexp with {1,64}
@@ -384,6 +388,7 @@ type openRequest struct {
 	owner     uint32   // the uid the view serves
 	allowUIDs []uint32 // other uids let in
 	restored  bool     // from the state directory: its checkpoints are kept
+	changes   string   // "direct" or "staged"
 }
 
 // privileged reports whether a peer may act for others: root and the
@@ -415,10 +420,18 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 		return nil, err
 	}
 	// Reserve the id and the mountpoint while mounting, outside the lock.
-	d.sessions[r.id] = &session{id: r.id, mount: mount, peer: r.peer, owner: r.owner, allowUIDs: r.allowUIDs}
+	reserved := &session{id: r.id, mount: mount, peer: r.peer, owner: r.owner, allowUIDs: r.allowUIDs, mode: r.changes}
+	d.sessions[r.id] = reserved
 	d.mounts[mount] = r.id
 	d.mu.Unlock()
-	v, cerr := d.mountView(r, mount)
+	cerr := d.openLayer(reserved, r.restored)
+	var v *fsys.View
+	if cerr == nil {
+		v, cerr = d.mountView(r, mount, reserved.layer)
+		if cerr != nil {
+			d.closeLayer(reserved, !r.restored)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if cerr != nil {
@@ -428,6 +441,9 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	}
 	s := d.sessions[r.id]
 	s.view = v
+	if s.layer != nil {
+		v.SetChanges(s.layer)
+	}
 	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())
 	d.mu.Unlock()
 	d.saveSession(s, r.atoms)
@@ -452,6 +468,7 @@ func (d *Daemon) closeSession(id string) error {
 	d.warm.drop(&s.runs) // it holds a clone of the view
 	err := s.view.Unmount()
 	d.closeChanges(s, !d.closing.Load())
+	d.closeLayer(s, !d.closing.Load())
 	d.log.Info("session closed", "session", id, "err", err)
 	d.flushCounts(id, s.view.Context().Atoms())
 	d.dropSession(s, !d.closing.Load())
@@ -703,7 +720,8 @@ func (d *Daemon) mSessionOpen(ctx context.Context, params json.RawMessage) (any,
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	if cerr := d.changesMode(p.Changes); cerr != nil {
+	mode, cerr := d.changesMode(p.Changes)
+	if cerr != nil {
 		return nil, cerr
 	}
 	set, err := cctx.Parse(p.Context)
@@ -714,7 +732,7 @@ func (d *Daemon) mSessionOpen(ctx context.Context, params json.RawMessage) (any,
 	if !known {
 		peer = uint32(os.Geteuid())
 	}
-	r := openRequest{peer: peer, id: p.ID, mount: p.Mount, atoms: set, owner: peer, allowUIDs: p.AllowUIDs}
+	r := openRequest{peer: peer, id: p.ID, mount: p.Mount, atoms: set, owner: peer, allowUIDs: p.AllowUIDs, changes: mode}
 	if p.Owner != nil || len(p.AllowUIDs) > 0 {
 		if !privileged(peer) {
 			return nil, control.Errorf(control.CodeForbidden, "only root or the daemon's uid may name an owner or let other uids in")
@@ -740,8 +758,12 @@ func (d *Daemon) mSessionClose(ctx context.Context, params json.RawMessage) (any
 	if err := decodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	if _, err := d.session(ctx, p.ID); err != nil {
-		return nil, err
+	s, cerr := d.session(ctx, p.ID)
+	if cerr != nil {
+		return nil, cerr
+	}
+	if cerr := d.mayClose(s, p.Discard); cerr != nil {
+		return nil, cerr
 	}
 	if err := d.closeSession(p.ID); err != nil {
 		return nil, control.Errorf(control.CodeMount, "unmount: %v", err)

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/condfs/condfs/acl"
+	"github.com/condfs/condfs/changes"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/fsys"
@@ -16,15 +17,20 @@ import (
 
 // mountView confines the mountpoint (docs/security.md, "The control socket"), clears a
 // dead mount there that the peer may use, and mounts.
-func (d *Daemon) mountView(r openRequest, mount string) (*fsys.View, *control.Error) {
+func (d *Daemon) mountView(r openRequest, mount string, layer *changes.Layer) (*fsys.View, *control.Error) {
 	fd, cerr := d.mountpoint(r.peer, mount)
 	if cerr != nil {
 		return nil, cerr
 	}
 	defer unix.Close(fd)
 	id := r.id
+	memories, workspace, memOver, wsOver := d.cfg.Memories, d.cfg.Workspace, "", ""
+	if layer != nil {
+		// A staged view serves the layer merged over the backing tree.
+		memories, workspace, memOver, wsOver = layer.Merged("memories"), layer.Merged("workspace"), memories, workspace
+	}
 	v, err := d.host.Mount(fsys.Options{
-		Mountpoint: mount, MountFD: fd, Memories: d.cfg.Memories, Workspace: d.cfg.Workspace,
+		Mountpoint: mount, MountFD: fd, Memories: memories, Workspace: workspace, MemoriesOver: memOver, WorkspaceOver: wsOver,
 		Rules: d.conditions, Replaced: &d.replaced, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {

@@ -45,6 +45,7 @@ type savedSession struct {
 	Owner     uint32   `json:"owner"`
 	AllowUIDs []uint32 `json:"allow_uids,omitempty"`
 	Atoms     []string `json:"atoms"`
+	Changes   string   `json:"changes,omitempty"` // staged; direct when empty
 }
 
 const stateRecord = 4096
@@ -77,7 +78,7 @@ func (d *Daemon) saveSession(s *session, atoms cctx.Set) {
 		flags |= unix.O_TRUNC
 	}
 	rec, _ := json.Marshal(savedSession{
-		ID: s.id, Mount: s.mount, Peer: s.peer, Owner: s.owner, AllowUIDs: s.allowUIDs, Atoms: atoms.Atoms(),
+		ID: s.id, Mount: s.mount, Peer: s.peer, Owner: s.owner, AllowUIDs: s.allowUIDs, Atoms: atoms.Atoms(), Changes: stagedOnly(s.mode),
 	})
 	size := max(s.stateSize, (len(rec)+1+stateRecord-1)/stateRecord*stateRecord)
 	buf := make([]byte, size)
@@ -163,7 +164,7 @@ func (d *Daemon) restoreState() {
 			d.restoreErrors = append(d.restoreErrors, fmt.Sprintf("session %s: context %v: %v", s.ID, s.Atoms, err))
 			continue
 		}
-		if _, cerr := d.OpenSession(openRequest{peer: s.Peer, id: s.ID, mount: s.Mount, atoms: atoms, owner: s.Owner, allowUIDs: s.AllowUIDs, restored: true}); cerr != nil {
+		if _, cerr := d.OpenSession(openRequest{peer: s.Peer, id: s.ID, mount: s.Mount, atoms: atoms, owner: s.Owner, allowUIDs: s.AllowUIDs, restored: true, changes: s.Changes}); cerr != nil {
 			d.restoreErrors = append(d.restoreErrors, fmt.Sprintf("session %s on %s: %s", s.ID, s.Mount, cerr.Message))
 			d.log.Error("restore session", "session", s.ID, "mount", s.Mount, "err", cerr.Message)
 			os.Remove(p) // reported once; a later start does not retry it

@@ -18,10 +18,13 @@ import (
 type backing struct {
 	dir  string
 	real string // the root's absolute path as the kernel names it
-	fd   int    // O_PATH directory fd of the root
-	dev  uint64
-	root unix.Stat_t
-	key  backingKey
+	// above: the directory whose ancestors a native walk crosses (real,
+	// or the backing tree a staged layer is merged over).
+	above string
+	fd    int // O_PATH directory fd of the root
+	dev   uint64
+	root  unix.Stat_t
+	key   backingKey
 	// local: a filesystem whose attributes the kernel always has current
 	// (statName answers from one statx); others are asked again.
 	local bool
@@ -58,7 +61,7 @@ func openBacking(dir string) (*backing, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("resolve backing directory %s: %w", dir, err)
 	}
-	b.real = real
+	b.real, b.above = real, real
 	return b, nil
 }
 
@@ -111,7 +114,7 @@ func (b *backing) statName(dirfd int, name string, st *unix.Stat_t) error {
 // the directories above the root may be searched: the view starts below
 // them, but a native walk would cross them.
 func (b *backing) ancestorsSearchable() error {
-	parent := filepath.Dir(b.real)
+	parent := filepath.Dir(b.above)
 	return unix.Faccessat2(unix.AT_FDCWD, parent, unix.X_OK, unix.AT_EACCESS)
 }
 
@@ -184,10 +187,22 @@ type backingSet struct {
 
 // acquire is openBacking, sharing the open directory when another view
 // already has the same one; release gives it back.
-func (s *backingSet) acquire(dir string) (*backing, error) {
+func (s *backingSet) acquire(dir string) (*backing, error) { return s.acquireOver(dir, "") }
+
+// acquireOver is acquire for a directory merged over the directory over
+// (when set): callers' search permission is checked above over.
+func (s *backingSet) acquireOver(dir, over string) (*backing, error) {
 	b, err := openBacking(dir)
 	if err != nil {
 		return nil, err
+	}
+	if over != "" {
+		abs, err := filepath.Abs(over)
+		if err != nil {
+			unix.Close(b.fd)
+			return nil, fmt.Errorf("backing directory %s: %w", over, err)
+		}
+		b.above = abs
 	}
 	s.mu.Lock()
 	if old, ok := s.m[b.key]; ok {

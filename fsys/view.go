@@ -78,7 +78,13 @@ type Options struct {
 	MountFD   int
 	Memories  string // backing directory of memories/
 	Workspace string // backing directory of workspace/
-	Rules     Rules
+	// MemoriesOver and WorkspaceOver, when set, are the backing trees a
+	// staged session's layer is merged over (Memories and Workspace are
+	// then the merged directories, in the daemon's private state
+	// directory): a caller must be able to search the directories above
+	// them, as natively, and those are watched.
+	MemoriesOver, WorkspaceOver string
+	Rules                       Rules
 	// Replaced, if set, gives the rules a reload is replacing while it is
 	// applied (nil otherwise): what they list for runs to execute stays
 	// read-only until the runs follow the new rules (decision.readOnly).
@@ -238,8 +244,9 @@ func (h *Host) newView(opts Options) (*View, error) {
 	v.authz.rules = opts.Rules
 	set := opts.Context
 	v.authz.atoms.Store(&set)
+	over := [2]string{opts.MemoriesOver, opts.WorkspaceOver}
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
-		b, err := h.backings.acquire(dir)
+		b, err := h.backings.acquireOver(dir, over[i])
 		if err != nil {
 			v.closeBacking()
 			return nil, err

@@ -256,10 +256,10 @@ const aboveMask = unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | uni
 // daemon: when one of them changes its attributes, every view drops its
 // cache, and the next answer is decided as the caller again.
 func (w *Watcher) watchAbove(b *backing) {
-	if w == nil || b.real == "/" {
+	if w == nil || b.above == "/" {
 		return
 	}
-	for dir := filepath.Dir(b.real); ; dir = filepath.Dir(dir) {
+	for dir := filepath.Dir(b.above); ; dir = filepath.Dir(dir) {
 		// Added with nothing held (see add).
 		if wd, err := unix.InotifyAddWatch(int(w.f.Fd()), dir, aboveMask); err == nil {
 			w.mu.Lock()

@@ -235,7 +235,7 @@ func TestChangesBadInputs(t *testing.T) {
 	d.callErr("checkpoint.create", map[string]any{"session": "s", "name": "../x"}, control.CodeInvalidParams)
 	d.callErr("changes.commit", map[string]any{"session": "s"}, control.CodeNotStaged)
 	d.callErr("changes.discard", map[string]any{"session": "s"}, control.CodeNotStaged)
-	d.callErr("session.open", map[string]any{"id": "st", "mount": d.home.path("mnt/st"), "context": dmCtx, "changes": "staged"}, control.CodeInvalidParams)
+	d.callErr("session.open", map[string]any{"id": "st", "mount": d.home.path("mnt/st"), "context": dmCtx, "changes": "later"}, control.CodeInvalidParams)
 	// Another uid's session: root opens one, 65534 asks for it.
 	d.openFor("roots", 0, dmCtx)
 	d.checkpoint("roots", "")

@@ -58,7 +58,7 @@ var (
 	whereValues    = set("control", "fuse")
 	errorCodes     = set("-32700", "-32600", "-32601", "-32602", "-32603", "-32001", "-32002", "-32003", "-32004",
 		"-32010", "-32011", "-32012", "-32013", "-32031", "-32032")
-	changeOps = set("checkpoint", "rollback", "dropped", "enospc", "conflict")
+	changeOps = set("checkpoint", "rollback", "dropped", "enospc", "conflict", "commit", "discard")
 )
 
 func set(vals ...string) map[string]bool {

@@ -19,9 +19,9 @@ import (
 const ctlUsage = `Usage: condfs ctl [--socket PATH] [--json] COMMAND ...
 
 Commands (one per control method):
-  open ID MOUNT --context ATOM... [--owner UID] [--allow-uid UID]... [--changes direct]
+  open ID MOUNT --context ATOM... [--owner UID] [--allow-uid UID]... [--changes direct|staged]
                                       session.open: mount a view for a new session
-  close ID                            session.close: unmount it
+  close ID [--discard]                session.close: unmount it (--discard: drop staged changes)
   list                                session.list
   context ID [ATOM... | JSON]         context.get, or context.set with atoms
   blocks (ID | --context ATOM...)     blocks.list: the prompt blocks it selects
@@ -33,6 +33,8 @@ Commands (one per control method):
   checkpoints ID                      checkpoint.list
   diff ID [--since C] [--content]     changes.diff: A/M/D and the path, then unified diffs
   rollback ID C [--force]             checkpoint.rollback: undo what the session changed since C
+  commit ID [PATH...] [--force]       changes.commit: apply a staged session's changes (PATH: workspace/src)
+  discard ID [PATH...]                changes.discard: drop a staged session's changes
   reload                              config.reload
   status                              status
   call METHOD [PARAMS-JSON]           any method, raw
@@ -59,7 +61,8 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&a.name, "name", "", "the checkpoint's name (checkpoint)")
 	fs.StringVar(&a.since, "since", "", "a checkpoint: changes since it (diff; default the oldest)")
 	fs.BoolVar(&a.content, "content", false, "unified diffs of text files (diff)")
-	fs.BoolVar(&a.force, "force", false, "restore paths changed outside the view too (rollback)")
+	fs.BoolVar(&a.force, "force", false, "restore (rollback) or commit paths changed outside the view too")
+	fs.BoolVar(&a.discard, "discard", false, "drop a staged session's uncommitted changes (close)")
 	fs.Usage = func() { fmt.Fprint(stderr, ctlUsage+"\nFlags:\n"+fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -94,7 +97,8 @@ func runCtl(args []string, stdout, stderr io.Writer) error {
 // error, never silence.
 var ctlOwnFlags = map[string][]string{
 	"open": {"context", "owner", "allow-uid", "changes"}, "blocks": {"context"}, "check": {"context"},
-	"checkpoint": {"name"}, "diff": {"since", "content"}, "rollback": {"force"},
+	"checkpoint": {"name"}, "diff": {"since", "content"}, "rollback": {"force"}, "commit": {"force"},
+	"close":  {"discard"},
 	"decide": {"session", "role", "tool", "args", "ctx"},
 }
 
@@ -118,7 +122,7 @@ type ctlArgs struct {
 	owner                            int
 	letIn                            []uint
 	changes, name, since             string
-	content, force                   bool
+	content, force, discard          bool
 	stderr                           io.Writer
 }
 
@@ -155,6 +159,8 @@ var ctlCommands = map[string]func(a *ctlArgs) (method string, params any, err er
 	"checkpoints": ctlCheckpoints,
 	"diff":        ctlDiff,
 	"rollback":    ctlRollback,
+	"commit":      ctlCommit,
+	"discard":     ctlDiscard,
 }
 
 func ctlOpen(a *ctlArgs) (string, any, error) {
@@ -183,10 +189,14 @@ func ctlOpen(a *ctlArgs) (string, any, error) {
 }
 
 func ctlClose(a *ctlArgs) (string, any, error) {
-	if err := a.need(2, "close ID"); err != nil {
+	if err := a.need(2, "close ID [--discard]"); err != nil {
 		return "", nil, err
 	}
-	return "session.close", map[string]any{"id": a.rest[1]}, nil
+	p := map[string]any{"id": a.rest[1]}
+	if a.discard {
+		p["discard"] = true
+	}
+	return "session.close", p, nil
 }
 
 func ctlContext(a *ctlArgs) (string, any, error) {

@@ -43,6 +43,28 @@ func ctlRollback(a *ctlArgs) (string, any, error) {
 	return "checkpoint.rollback", map[string]any{"session": a.rest[1], "checkpoint": a.rest[2], "force": a.force}, nil
 }
 
+func ctlCommit(a *ctlArgs) (string, any, error) {
+	if len(a.rest) < 2 {
+		return "", nil, a.need(2, "commit SESSION [PATH...] [--force]")
+	}
+	p := map[string]any{"session": a.rest[1], "force": a.force}
+	if len(a.rest) > 2 {
+		p["paths"] = a.rest[2:]
+	}
+	return "changes.commit", p, nil
+}
+
+func ctlDiscard(a *ctlArgs) (string, any, error) {
+	if len(a.rest) < 2 {
+		return "", nil, a.need(2, "discard SESSION [PATH...]")
+	}
+	p := map[string]any{"session": a.rest[1]}
+	if len(a.rest) > 2 {
+		p["paths"] = a.rest[2:]
+	}
+	return "changes.discard", p, nil
+}
+
 // printChanges renders the results of the changes methods; false for any
 // other method.
 func printChanges(w io.Writer, method string, m map[string]any) bool {
@@ -68,6 +90,18 @@ func printChanges(w io.Writer, method string, m map[string]any) bool {
 		if len(conflicts) > 0 {
 			fmt.Fprintln(w, "(left as they are; --force restores them)")
 		}
+	case "changes.commit":
+		fmt.Fprintf(w, "committed %v\n", m["committed"])
+		conflicts, _ := m["conflicts"].([]any)
+		for _, c := range conflicts {
+			cm, _ := c.(map[string]any)
+			fmt.Fprintf(w, "conflict %v%v: %v\n", cm["space"], cm["path"], cm["reason"])
+		}
+		if len(conflicts) > 0 {
+			fmt.Fprintln(w, "(left staged; --force commits them over the backing tree)")
+		}
+	case "changes.discard":
+		fmt.Fprintf(w, "discarded %v\n", m["discarded"])
 	case "changes.diff":
 		list, _ := m["changes"].([]any)
 		var diffs []string

@@ -1,0 +1,283 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/condfs/condfs/control"
+)
+
+// stagedHome starts a daemon whose session "s", served to uid 65534, is
+// staged; other is a direct session "o" of the same uid over the same home.
+func stagedHome(t *testing.T, rules string, files func(h *home)) (d *daemon, mnt, other string) {
+	t.Helper()
+	h := openHome(t, rules)
+	h.t = t
+	h.write("config/policy.yaml", runPolicy)
+	h.write("memories/private/p.md", "dm secret\n")
+	h.write("workspace/a.txt", "alpha\n")
+	h.write("workspace/gone.txt", "gone\n")
+	h.write("workspace/d/x.txt", "x\n")
+	os.Symlink("a.txt", h.path("workspace/l"))
+	for _, p := range []string{"memories", "memories/private", "workspace", "workspace/d"} {
+		os.Chmod(h.path(p), 0o777)
+	}
+	for _, p := range []string{"workspace/a.txt", "workspace/gone.txt", "workspace/d/x.txt", "memories/private/p.md"} {
+		os.Chown(h.path(p), nobody, nobody)
+	}
+	if files != nil {
+		files(h)
+	}
+	d = startDaemon(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	os.Chmod(filepath.Dir(d.socket), 0o755)
+	mnt = d.home.path("mnt/s")
+	d.call("session.open", map[string]any{"id": "s", "mount": mnt, "context": dmCtx, "owner": nobody, "changes": "staged"}, nil)
+	other = d.openFor("o", nobody, dmCtx)
+	return d, mnt, other
+}
+
+type stagedChange struct{ Space, Path, Change string }
+
+func (d *daemon) stagedDiff(session string) (list []string, hidden int) {
+	d.t.Helper()
+	var r struct {
+		Changes []stagedChange
+		Hidden  int
+	}
+	d.call("changes.diff", map[string]any{"session": session}, &r)
+	for _, c := range r.Changes {
+		list = append(list, strings.ToUpper(c.Change[:1])+" "+c.Space+c.Path)
+	}
+	sort.Strings(list)
+	return list, r.Hidden
+}
+
+type commitResult struct {
+	Committed int
+	Conflicts []struct{ Space, Path, Reason string }
+}
+
+// TestStagedChangesReachNothingUntilCommit: every kind of change uid 65534
+// makes in a staged view, by file tools and by a command in condfs run,
+// shows in that view only: the backing tree, another session over the same
+// home and the host see none of it until changes.commit, which applies the
+// paths named first and then the rest.
+func TestStagedChangesReachNothingUntilCommit(t *testing.T) {
+	d, mnt, other := stagedHome(t, changesRules, nil)
+	ws := d.home.path("workspace")
+	start := backingTree(t, ws)
+	shAsNobody(t, mnt+"/workspace", `printf 'tool\n' >> a.txt && chmod 600 a.txt && mkdir nd && printf n > nd/n.txt && ln -s nd/n.txt l2 && mv d/x.txt d/y.txt && rm gone.txt`)
+	out, code := condfsRun(t, d, "", "--cwd", "/workspace", "--", "sh", "-c", `printf run > r.txt && truncate -s 1 d/y.txt && rm l`)
+	if code != 0 {
+		t.Fatalf("condfs run: %d %s\n%s", code, out, tail(d.log(), 30))
+	}
+	if got := shAsNobody(t, mnt+"/workspace", `cat a.txt r.txt nd/n.txt; ls`); got != "alpha\ntool\nrunn"+"a.txt\nd\nl2\nnd\nr.txt" {
+		t.Fatalf("the staged view: %q", got)
+	}
+	sameBacking(t, "the backing tree before commit", start, backingTree(t, ws))
+	if got := shAsNobody(t, other+"/workspace", `cat a.txt gone.txt; ls`); got != "alpha\ngone\na.txt\nd\ngone.txt\nl" {
+		t.Fatalf("another session over the same home sees staged changes: %q", got)
+	}
+	want := []string{"A workspace/d/y.txt", "A workspace/l2", "A workspace/nd/", "A workspace/nd/n.txt", "A workspace/r.txt",
+		"D workspace/d/x.txt", "D workspace/gone.txt", "D workspace/l", "M workspace/a.txt"}
+	if got, hidden := d.stagedDiff("s"); strings.Join(got, ",") != strings.Join(want, ",") || hidden != 0 {
+		t.Fatalf("diff %v (hidden %d), want %v", got, hidden, want)
+	}
+	ctl := asNobody(t, "condfs", "ctl", "--socket", d.socket, "diff", "s")
+	if !strings.Contains(ctl, "M workspace/a.txt") || !strings.Contains(ctl, "D workspace/gone.txt") {
+		t.Fatalf("ctl diff:\n%s", ctl)
+	}
+
+	var r commitResult
+	d.call("changes.commit", map[string]any{"session": "s", "paths": []string{"workspace/a.txt", "/workspace/nd"}}, &r)
+	if r.Committed != 3 || len(r.Conflicts) != 0 {
+		t.Fatalf("commit of some paths: %+v", r)
+	}
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "alpha\ntool\n" {
+		t.Fatalf("a.txt after its commit: %q", b)
+	}
+	if _, err := os.Stat(ws + "/gone.txt"); err != nil {
+		t.Fatalf("a path not named was committed: %v", err)
+	}
+	if got := asNobody(t, "condfs", "ctl", "--socket", d.socket, "commit", "s"); !strings.Contains(got, "committed 6") {
+		t.Fatalf("ctl commit: %s", got)
+	}
+	if got := shAsNobody(t, other+"/workspace", `cat r.txt d/y.txt; ls`); got != "runx"+"a.txt\nd\nl2\nnd\nr.txt" {
+		t.Fatalf("after commit, another session: %q", got)
+	}
+	if fi, err := os.Stat(ws + "/a.txt"); err != nil || fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Uid != nobody {
+		t.Fatalf("a.txt's mode and owner after commit: %v %v", fi, err)
+	}
+	if got, _ := d.stagedDiff("s"); len(got) != 0 {
+		t.Fatalf("changes left after commit: %v", got)
+	}
+	d.call("session.close", map[string]any{"id": "s"}, nil)
+}
+
+// TestStagedDiscardShowsTheBackingTreeAgain: an agent's command deletes a
+// file in a staged session; a discard of that path brings it back in the
+// view, and a discard of the rest drops everything else.
+func TestStagedDiscardShowsTheBackingTreeAgain(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	ws := d.home.path("workspace")
+	start := backingTree(t, ws)
+	if out, code := condfsRun(t, d, "", "--cwd", "/workspace", "--", "sh", "-c", `rm -r d gone.txt && printf new > new.txt`); code != 0 {
+		t.Fatalf("condfs run: %d %s", code, out)
+	}
+	if got := shAsNobody(t, mnt+"/workspace", `ls`); got != "a.txt\nl\nnew.txt" {
+		t.Fatalf("staged view: %q", got)
+	}
+	if got := asNobody(t, "condfs", "ctl", "--socket", d.socket, "discard", "s", "workspace/d"); !strings.Contains(got, "discarded 1") {
+		t.Fatalf("ctl discard: %s", got)
+	}
+	if got := shAsNobody(t, mnt+"/workspace", `cat d/x.txt; ls`); got != "x\na.txt\nd\nl\nnew.txt" {
+		t.Fatalf("after discarding d: %q", got)
+	}
+	d.call("changes.discard", map[string]any{"session": "s"}, nil)
+	if got := shAsNobody(t, mnt+"/workspace", `cat gone.txt; ls`); got != "gone\na.txt\nd\ngone.txt\nl" {
+		t.Fatalf("after discarding all: %q", got)
+	}
+	if got, _ := d.stagedDiff("s"); len(got) != 0 {
+		t.Fatalf("changes left after discard: %v", got)
+	}
+	sameBacking(t, "the backing tree after discard", start, backingTree(t, ws))
+}
+
+// TestStagedConflictLeftUnlessForced: a path the host changed after the
+// session staged it is reported and left by a commit; force commits it.
+func TestStagedConflictLeftUnlessForced(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	ws := d.home.path("workspace")
+	shAsNobody(t, mnt+"/workspace", `printf session > a.txt && printf fine > b.txt`)
+	os.WriteFile(ws+"/a.txt", []byte("host\n"), 0o644)
+	var r commitResult
+	d.call("changes.commit", map[string]any{"session": "s"}, &r)
+	if r.Committed != 1 || len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
+		t.Fatalf("commit: %+v", r)
+	}
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
+		t.Fatalf("a conflict was overwritten: %q", b)
+	}
+	d.call("changes.commit", map[string]any{"session": "s", "force": true}, &r)
+	if r.Committed != 1 {
+		t.Fatalf("forced commit: %+v", r)
+	}
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "session" {
+		t.Fatalf("force did not commit: %q", b)
+	}
+}
+
+// TestStagedCloseWithUncommittedChangesRefused: closing a staged session
+// that holds changes answers -32030 and keeps it; with discard it closes
+// and nothing reached the backing tree.
+func TestStagedCloseWithUncommittedChangesRefused(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	ws := d.home.path("workspace")
+	start := backingTree(t, ws)
+	shAsNobody(t, mnt+"/workspace", `rm gone.txt`)
+	d.callErr("session.close", map[string]any{"id": "s"}, control.CodeUncommitted)
+	if got := shAsNobody(t, mnt+"/workspace", `ls`); got != "a.txt\nd\nl" {
+		t.Fatalf("the session after a refused close: %q", got)
+	}
+	d.call("session.close", map[string]any{"id": "s", "discard": true}, nil)
+	sameBacking(t, "the backing tree after close --discard", start, backingTree(t, ws))
+}
+
+// TestStagedLayerComesBackAfterKill: the daemon killed with -9 restarts
+// with the staged session and its layer; a commit then applies it.
+func TestStagedLayerComesBackAfterKill(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	ws := d.home.path("workspace")
+	shAsNobody(t, mnt+"/workspace", `printf kept > k.txt && rm gone.txt`)
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	os.Remove(d.socket)
+	d2 := startDaemon(t, d.home, "--allow-uid", "65534", "--socket-mode", "0666")
+	if got := shAsNobody(t, mnt+"/workspace", `cat k.txt; ls`); got != "kepta.txt\nd\nk.txt\nl" {
+		t.Fatalf("the restored staged view: %q\n%s", got, tail(d2.log(), 20))
+	}
+	if _, err := os.Stat(ws + "/k.txt"); err == nil {
+		t.Fatal("a staged file reached the backing tree across the crash")
+	}
+	var r commitResult
+	d2.call("changes.commit", map[string]any{"session": "s"}, &r)
+	if r.Committed != 2 {
+		t.Fatalf("commit after restore: %+v", r)
+	}
+	if b, _ := os.ReadFile(ws + "/k.txt"); string(b) != "kept" {
+		t.Fatalf("k.txt after commit: %q", b)
+	}
+}
+
+// TestStagedFileUnderHiddenPathGoesWithSwitch: a staged file under a path
+// the rules give the DM only is not in the view once the session switches
+// to a guild, and the diff counts it as hidden.
+func TestStagedFileUnderHiddenPathGoesWithSwitch(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	shAsNobody(t, mnt+"/memories/private", `printf staged > s.md`)
+	d.setContext("s", guildCtx)
+	if got := asNobody(t, "cat", mnt+"/memories/private/s.md"); strings.Contains(got, "staged") {
+		t.Fatalf("a staged file under a hidden path is read after the switch: %s", got)
+	}
+	if got, hidden := d.stagedDiff("s"); len(got) != 0 || hidden != 1 {
+		t.Fatalf("diff in the guild: %v hidden %d", got, hidden)
+	}
+	d.setContext("s", dmCtx)
+	if got := asNobody(t, "cat", mnt+"/memories/private/s.md"); !strings.Contains(got, "staged") {
+		t.Fatalf("back in the DM: %s", got)
+	}
+}
+
+// TestStagedBadInputsChangeNothing: each bad input is answered with its
+// code and leaves the layer and the backing tree as they were.
+func TestStagedBadInputsChangeNothing(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	ws := d.home.path("workspace")
+	start := backingTree(t, ws)
+	shAsNobody(t, mnt+"/workspace", `printf n > n.txt`)
+	d.callErr("changes.commit", map[string]any{"session": "o"}, control.CodeNotStaged)
+	d.callErr("changes.discard", map[string]any{"session": "o"}, control.CodeNotStaged)
+	for _, paths := range [][]string{{"elsewhere/x"}, {"workspace/../memories"}, {"workspace/a.txt"}, {"workspace/n.txt", "nowhere"}} {
+		d.callErr("changes.commit", map[string]any{"session": "s", "paths": paths}, control.CodeInvalidParams)
+		d.callErr("changes.discard", map[string]any{"session": "s", "paths": paths}, control.CodeInvalidParams)
+	}
+	d.callErr("changes.commit", map[string]any{"session": "nope"}, control.CodeUnknownSession)
+	d.callErr("checkpoint.create", map[string]any{"session": "s"}, control.CodeInvalidParams)
+	d.callErr("changes.diff", map[string]any{"session": "s", "since": "1"}, control.CodeUnknownCheckpoint)
+	d.callErr("session.open", map[string]any{"id": "x", "mount": d.home.path("mnt/x"), "context": dmCtx, "changes": "later"}, control.CodeInvalidParams)
+	sameBacking(t, "the backing tree after bad inputs", start, backingTree(t, ws))
+	if got, _ := d.stagedDiff("s"); strings.Join(got, ",") != "A workspace/n.txt" {
+		t.Fatalf("the layer after bad inputs: %v", got)
+	}
+}
+
+// TestStagedLayerBoundedByMaxBytes: a change once the layer holds
+// max_bytes answers ENOSPC, and the backing tree is untouched.
+func TestStagedLayerBoundedByMaxBytes(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules+"\n[changes]\nmax_bytes = \"4KiB\"\n", nil)
+	shAsNobody(t, mnt+"/workspace", `head -c 8192 /dev/zero > big`)
+	out, _ := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
+	if !strings.Contains(string(out), "No space left") {
+		t.Fatalf("a change beyond max_bytes: %s", out)
+	}
+	var st struct {
+		Sessions []struct {
+			ID      string
+			Changes *struct{ Bytes, MaxBytes int64 } `json:"changes"`
+		}
+	}
+	d.call("session.list", nil, &st)
+	for _, s := range st.Sessions {
+		if s.ID == "s" && (s.Changes == nil || s.Changes.Bytes != 8192) {
+			t.Fatalf("session.list use: %+v", s.Changes)
+		}
+	}
+	if !strings.Contains(d.log(), `"op":"enospc"`) {
+		t.Fatalf("no audit of the refusal:\n%s", tail(d.log(), 10))
+	}
+}

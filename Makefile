@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/condfs
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The tests that prove no stale authority survives a switch or a reload.
-NOSTALE := TestContextFlips|TestAtkViewBinStaleBind|TestAtk2|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom|TestHiddenAbsenceCached|KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestChangesRollbackIsInForceWhenItAnswers
+NOSTALE := TestContextFlips|TestAtkViewBinStaleBind|TestAtk2|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom|TestHiddenAbsenceCached|KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestChangesRollbackIsInForceWhenItAnswers|TestStagedFileUnderHiddenPathGoesWithSwitch
 
 .PHONY: all build test test-unprivileged test-clients lint demo bench bench-clients fuzz clean
 

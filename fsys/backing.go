@@ -21,6 +21,12 @@ type backing struct {
 	// above: the directory whose ancestors a native walk crosses (real,
 	// or the backing tree a staged layer is merged over).
 	above string
+	// merged: a staged layer merged over a backing tree by overlayfs,
+	// which reports to inotify only what is changed through it: a
+	// change made in the backing tree beneath it would go unreported, so
+	// its directories are not watched and their entries keep the short
+	// TTL.
+	merged bool
 	fd    int // O_PATH directory fd of the root
 	dev   uint64
 	root  unix.Stat_t
@@ -202,7 +208,7 @@ func (s *backingSet) acquireOver(dir, over string) (*backing, error) {
 			unix.Close(b.fd)
 			return nil, fmt.Errorf("backing directory %s: %w", over, err)
 		}
-		b.above = abs
+		b.above, b.merged = abs, true
 	}
 	s.mu.Lock()
 	if old, ok := s.m[b.key]; ok {

@@ -338,7 +338,7 @@ func dirOf(p string) string {
 // kernel uses n: a node made by a lookup may be dropped for one go-fuse
 // already has, so only a node the kernel names is watched.
 func (n *node) watch(path string) {
-	if w := n.view.host.watcher; w != nil && n.wd.Load() == 0 {
+	if w := n.view.host.watcher; w != nil && n.wd.Load() == 0 && !n.backing().merged {
 		w.add(n, n.backing().real+path)
 	}
 }

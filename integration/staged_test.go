@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/condfs/condfs/control"
 )
@@ -216,11 +217,31 @@ func TestStagedLayerComesBackAfterKill(t *testing.T) {
 
 // TestStagedFileUnderHiddenPathGoesWithSwitch: a staged file under a path
 // the rules give the DM only is not in the view once the session switches
-// to a guild, and the diff counts it as hidden.
+// to a guild (a descriptor opened before reads nothing more, the listing
+// drops it, from the moment context.set answers), and the diff counts it
+// as hidden. make test runs it on every invalidation path (NOSTALE).
 func TestStagedFileUnderHiddenPathGoesWithSwitch(t *testing.T) {
 	d, mnt, _ := stagedHome(t, changesRules, nil)
 	shAsNobody(t, mnt+"/memories/private", `printf staged > s.md`)
+	first, ask := converseAsNobody(t, "hold", mnt+"/memories/private/s.md")
+	if first != "open" {
+		t.Fatalf("open: %s", first)
+	}
+	for range 2 { // the second read is served from the page cache
+		if got := ask("r"); got != `read "staged"` {
+			t.Fatalf("read before the switch: %s", got)
+		}
+	}
+	if got := shAsNobody(t, mnt+"/memories", `ls`); !strings.Contains(got, "private") {
+		t.Fatalf("listing in the DM: %q", got)
+	}
 	d.setContext("s", guildCtx)
+	if got := ask("r"); strings.Contains(got, "staged") {
+		t.Fatalf("a descriptor of a staged file reads after a switch hid it: %s", got)
+	}
+	if got := shAsNobody(t, mnt+"/memories", `ls`); strings.Contains(got, "private") {
+		t.Fatalf("listing in the guild shows the hidden directory: %q", got)
+	}
 	if got := asNobody(t, "cat", mnt+"/memories/private/s.md"); strings.Contains(got, "staged") {
 		t.Fatalf("a staged file under a hidden path is read after the switch: %s", got)
 	}
@@ -279,5 +300,73 @@ func TestStagedLayerBoundedByMaxBytes(t *testing.T) {
 	}
 	if !strings.Contains(d.log(), `"op":"enospc"`) {
 		t.Fatalf("no audit of the refusal:\n%s", tail(d.log(), 10))
+	}
+}
+
+// TestStagedViewShowsBackingChangesToUnstagedPaths: a file the session has
+// not changed is read from the backing tree: a change made there after the
+// session opened shows in the staged view (within the view's short cache
+// time, as in any directory the daemon does not watch).
+func TestStagedViewShowsBackingChangesToUnstagedPaths(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	if got := shAsNobody(t, mnt+"/workspace", `cat a.txt`); got != "alpha" {
+		t.Fatalf("before: %q", got)
+	}
+	os.WriteFile(d.home.path("workspace/a.txt"), []byte("host\n"), 0o644)
+	os.WriteFile(d.home.path("workspace/h.txt"), []byte("made\n"), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := shAsNobody(t, mnt+"/workspace", `cat a.txt h.txt 2>&1 || true`)
+		if got == "host\nmade" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the staged view never showed the backing tree's change: %q", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got, _ := d.stagedDiff("s"); len(got) != 0 {
+		t.Fatalf("a change in the backing tree is listed as the session's: %v", got)
+	}
+}
+
+// TestStagedRefusedByAnUnprivilegedDaemon: a daemon that is not root
+// cannot mount the layer; session.open staged says so (-32602) and mounts
+// nothing.
+func TestStagedRefusedByAnUnprivilegedDaemon(t *testing.T) {
+	requireUnprivilegedFUSE(t)
+	h := openHome(t, privateRule)
+	os.MkdirAll(h.path("run"), 0o755)
+	os.MkdirAll(h.path("mnt/v"), 0o755)
+	chownTree(t, h.root, nobody)
+	sock := h.path("run/condfs.sock")
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		condfsBin, "serve", "--root", h.root, "--socket", sock)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.root}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}()
+	var c *control.Client
+	for i := 0; ; i++ {
+		var err error
+		if c, err = control.Dial(sock); err == nil {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("no socket: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer c.Close()
+	err := c.Call("session.open", map[string]any{"id": "st", "mount": h.path("mnt/v"), "context": dmCtx, "changes": "staged"}, nil)
+	if e, ok := err.(*control.Error); !ok || e.Code != control.CodeInvalidParams || !strings.Contains(e.Message, "staged") {
+		t.Fatalf("staged on an unprivileged daemon: %v", err)
+	}
+	if m := mountsUnder(h.root); len(m) > 0 {
+		t.Fatalf("a refused staged session left mounts: %v", m)
 	}
 }

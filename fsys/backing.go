@@ -27,10 +27,10 @@ type backing struct {
 	// its directories are not watched and their entries keep the short
 	// TTL.
 	merged bool
-	fd    int // O_PATH directory fd of the root
-	dev   uint64
-	root  unix.Stat_t
-	key   backingKey
+	fd     int // O_PATH directory fd of the root
+	dev    uint64
+	root   unix.Stat_t
+	key    backingKey
 	// local: a filesystem whose attributes the kernel always has current
 	// (statName answers from one statx); others are asked again.
 	local bool

@@ -89,7 +89,13 @@ func OpenLayer(opts LayerOptions) (*Layer, error) {
 		return nil, ErrLayerUnavailable
 	}
 	if opts.Fresh {
-		unmountUnder(filepath.Join(opts.Dir, "merged"))
+		// What a crashed daemon left mounted goes first: RemoveAll
+		// would walk into it.
+		for name := range opts.Roots {
+			if err := unmountUnder(filepath.Join(opts.Dir, "merged", name)); err != nil {
+				return nil, fmt.Errorf("staged: %w", err)
+			}
+		}
 		if err := os.RemoveAll(opts.Dir); err != nil {
 			return nil, fmt.Errorf("staged: clear %s: %w", opts.Dir, err)
 		}
@@ -141,7 +147,9 @@ func (l *Layer) open() error {
 		if err := unix.Lchown(sp.upper, int(st.Uid), int(st.Gid)); err != nil {
 			return fmt.Errorf("staged: layer %s: %w", name, err)
 		}
-		unmountUnder(sp.merged) // what a crashed daemon left mounted
+		if err := unmountUnder(sp.merged); err != nil { // what a crashed daemon left mounted
+			return fmt.Errorf("staged: %w", err)
+		}
 		opt := "lowerdir=" + lower + ",upperdir=" + sp.upper + ",workdir=" + sp.work +
 			",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
 		if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
@@ -168,13 +176,18 @@ func (l *Layer) open() error {
 }
 
 // unmountUnder detaches whatever is mounted on dir (a crashed daemon's
-// overlay), as many times as it is mounted.
-func unmountUnder(dir string) {
+// overlay), as many times as it is mounted; an error when something stays.
+func unmountUnder(dir string) error {
 	for i := 0; i < 8; i++ {
-		if unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) != nil {
-			return
+		switch err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err {
+		case nil:
+		case unix.EINVAL, unix.ENOENT:
+			return nil // not a mountpoint (any more), or no such directory
+		default:
+			return fmt.Errorf("unmount %s: %w", dir, err)
 		}
 	}
+	return fmt.Errorf("unmount %s: still mounted", dir)
 }
 
 // Merged is the directory the session's view serves for space.
@@ -920,6 +933,7 @@ func (l *Layer) shut(remove bool) error {
 	}
 	l.mu.Unlock()
 	var errs []error
+	mounted := false
 	for _, sp := range l.spaces {
 		for _, fd := range []int{sp.mergedFD, sp.upperFD, sp.lowerFD} {
 			if fd >= 0 {
@@ -927,15 +941,16 @@ func (l *Layer) shut(remove bool) error {
 			}
 		}
 		if sp.mounted {
-			if err := unix.Unmount(sp.merged, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
-				errs = append(errs, fmt.Errorf("staged: unmount %s: %w", sp.merged, err))
+			if err := unmountUnder(sp.merged); err != nil {
+				errs = append(errs, fmt.Errorf("staged: %w", err))
+				mounted = true
 			}
 		}
 	}
 	if l.baseF != nil {
 		l.baseF.Close()
 	}
-	if remove {
+	if remove && !mounted { // never through a merged directory still mounted
 		if err := os.RemoveAll(l.opts.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("staged: remove %s: %w", l.opts.Dir, err))
 		}

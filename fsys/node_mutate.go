@@ -254,6 +254,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok || tn.space != n.space || tn.view != n.view {
 		return nil, syscall.EXDEV
 	}
+	if b := n.backing(); b != nil && b.merged {
+		// A staged layer is committed path by path: a second name of a
+		// file would be a copy (docs/changes.md).
+		return nil, syscall.EXDEV
+	}
 	a, errno := n.view.become(ctx)
 	if errno != 0 {
 		return nil, errno

@@ -370,3 +370,25 @@ func TestStagedRefusedByAnUnprivilegedDaemon(t *testing.T) {
 		t.Fatalf("a refused staged session left mounts: %v", m)
 	}
 }
+
+// TestStagedLinkAndBackingDirectoryRenameAnswerEXDEV: link() and the
+// rename of a directory of the backing tree answer EXDEV in a staged view,
+// and mv, which then copies, still moves the directory there.
+func TestStagedLinkAndBackingDirectoryRenameAnswerEXDEV(t *testing.T) {
+	d, mnt, _ := stagedHome(t, changesRules, nil)
+	got := shAsNobody(t, mnt+"/workspace", `ln a.txt hl 2>&1; python3 -c 'import os
+try:
+    os.rename("d", "d2")
+except OSError as e:
+    print(e.errno)'`)
+	if !strings.Contains(got, "Invalid cross-device link") || !strings.HasSuffix(got, "18") {
+		t.Fatalf("link and a directory rename: %q", got)
+	}
+	if got := shAsNobody(t, mnt+"/workspace", `mv d d2 && cat d2/x.txt && ls`); got != "x\na.txt\nd2\ngone.txt\nl" {
+		t.Fatalf("mv of a backing directory: %q", got)
+	}
+	list, _ := d.stagedDiff("s")
+	if strings.Join(list, ",") != "A workspace/d2/,A workspace/d2/x.txt,D workspace/d/" {
+		t.Fatalf("diff after mv: %v", list)
+	}
+}

@@ -59,6 +59,9 @@ type LayerOptions struct {
 	// bounded by MaxBytes too.
 	Shared  *atomic.Int64
 	OnLimit func(space, path string) // told of each change refused with ENOSPC
+	// Owner is the session owner's uid: a forced commit never replaces
+	// or removes what another uid (root aside) has at a path now.
+	Owner uint32
 }
 
 type layerSpace struct {
@@ -747,7 +750,11 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 			continue
 		}
 		sp := l.spaces[c.space]
-		if reason := l.conflict(sp, c); reason != "" && !force {
+		reason := l.conflict(sp, c)
+		if reason != "" && force {
+			reason = l.notOwners(sp, c)
+		}
+		if reason != "" {
 			res.Conflicts = append(res.Conflicts, Conflict{Space: c.space, Path: c.shown(), Reason: reason})
 			if c.up.T == "d" {
 				skipped = append(skipped, c.space+c.path)
@@ -818,6 +825,20 @@ func (l *Layer) conflict(sp *layerSpace, c staged) string {
 		}
 	case cur.Ino != was.Ino || cur.Size != was.Size || cur.Mtime != was.Mtime || cur.Ctime != was.Ctime || cur.Link != was.Link:
 		return "changed in the backing tree since the session staged it"
+	}
+	return ""
+}
+
+// notOwners says why a forced commit leaves c: the backing tree has, at
+// its path, what another uid owns (the daemon would replace it with its
+// own authority where the owner may not).
+func (l *Layer) notOwners(sp *layerSpace, c staged) string {
+	cur, err := lowerState(sp.lowerFD, c.path)
+	if err != nil {
+		return "cannot be read in the backing tree: " + err.Error()
+	}
+	if cur.T != "n" && l.opts.Owner != 0 && cur.UID != l.opts.Owner {
+		return "changed in the backing tree and owned by another uid: not replaced, even with force"
 	}
 	return ""
 }

@@ -206,3 +206,19 @@ func TestLayerRefusesChangesBeyondMaxBytes(t *testing.T) {
 		t.Fatalf("use %+v", u)
 	}
 }
+
+func TestLayerForceNeverReplacesAnotherUsersFile(t *testing.T) {
+	backing, state := layerFixture(t)
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true, Owner: 65534})
+	must(t, err)
+	defer l.Remove()
+	change(t, l, "/new.txt", func(p string) error { return os.WriteFile(p, []byte("session"), 0o644) })
+	must(t, os.WriteFile(backing+"/new.txt", []byte("root's"), 0o600)) // root's, made since
+	res, err := l.Commit(nil, true)
+	if err != nil || res.Committed != 0 || len(res.Conflicts) != 1 {
+		t.Fatalf("forced commit over another uid's file: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/new.txt"); string(b) != "root's" {
+		t.Fatalf("another uid's file was replaced: %q", b)
+	}
+}

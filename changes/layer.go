@@ -103,6 +103,14 @@ func OpenLayer(opts LayerOptions) (*Layer, error) {
 			return nil, fmt.Errorf("staged: clear %s: %w", opts.Dir, err)
 		}
 	}
+	if err := safepath.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("staged: %w", err)
+	}
+	// The merged directories below show the session's files to whoever
+	// may search this directory: the daemon only.
+	if err := os.Chmod(opts.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("staged: %w", err)
+	}
 	l := &Layer{opts: opts, spaces: map[string]*layerSpace{}, base: map[key]state{}, sizes: map[key]int64{}}
 	for name := range opts.Roots {
 		l.names = append(l.names, name)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README demo: mount the example agent's view in a guild channel, switch
 # to a DM, watch the view change (and what a command run in the session sees
-# and may execute), list prompt blocks, undo what a command changed, decide
+# and may execute), list prompt blocks, undo what a command changed, hold an
+# agent's command's changes back in a staged session and discard them, decide
 # two tool calls.
 # Usage: examples/demo.sh path/to/condfs   (as root: it mounts FUSE)
 set -euo pipefail
@@ -47,6 +48,18 @@ ctl diff default --content
 ctl rollback default before-edit
 show
 runit cat /workspace/src/hello.py
+# A staged session: an agent's command deletes a file; only its own view
+# changes; the diff, then a discard (docs/changes.md).
+ctl open agent "$tmp/agent" --context discord:guild:123456789 --context discord:channel:555 --changes staged
+say "condfs run --session agent -- rm /workspace/src/hello.py"
+"$bin" run --socket "$sock" --session agent -- rm /workspace/src/hello.py || echo "(exit $?)"
+say "ls agent/workspace/src view/workspace/src"
+ls "$tmp/agent/workspace/src"; echo "--- (the other session, and the backing tree:)"; ls "$view/workspace/src"
+ctl diff agent
+ctl discard agent
+say "ls agent/workspace/src"
+ls "$tmp/agent/workspace/src"
+ctl close agent
 ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com"]}'
 ctl decide --session default --tool send_email --args '{"to": ["ann@acme.com", "eve@evil.example"]}'
 ctl close default

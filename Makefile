@@ -3,7 +3,11 @@ GO      ?= go
 BIN     := bin/condfs
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The tests that prove no stale authority survives a switch or a reload.
-NOSTALE := TestContextFlips|TestAtkViewBinStaleBind|TestAtk2|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestAttackStaleDirectoryHandle|TestAttackHandleOutlivesRename|TestModelRandom|TestHiddenAbsenceCached|KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestChangesRollbackIsInForceWhenItAnswers|TestStagedFileUnderHiddenPathGoesWithSwitch
+NOSTALE := TestContextFlips|TestViewBinaryStaleBind|TestRenameIntoRule|TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule|TestSwitchDuringListings|TestRuledListingCached|TestCwdInHiddenDirectory|TestRevocation|TestHotReload|TestDirectoryHandleListsByCurrentContext|TestHandleRenamedUnderRuleIsRevoked|TestModelRandom|TestHiddenAbsenceCached|KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestChangesRollbackIsInForceWhenItAnswers|TestStagedFileUnderHiddenPathGoesWithSwitch
+# The integration packages (integration/*) run one at a time (-p 1): they
+# share host state (/dev/fuse's mode, pids cgroups, network namespaces,
+# fusermount3) and time their waits on a daemon that is not starved.
+ITEST   := $(GO) test -race -count=1 -p 1
 
 .PHONY: all build test test-unprivileged test-clients lint demo bench bench-clients fuzz clean
 
@@ -19,28 +23,32 @@ build:
 # The whole test suite. Integration tests need root and /dev/fuse; in CI
 # (CI=true) they must run, elsewhere they skip with a reason.
 test:
-	$(GO) test -race -count=1 -timeout 45m ./...
+	# The unit packages one at a time, and beside them the integration
+	# packages one at a time: the two processes of the single integration
+	# package's days, whose build cache they share.
+	$(GO) test -race -count=1 -p 1 -timeout 45m $$($(GO) list ./... | grep -v /integration/) & u=$$!; \
+	$(ITEST) -timeout 45m ./integration/...; i=$$?; wait $$u; u=$$?; [ $$i = 0 ] && [ $$u = 0 ]
 	# The model test on a fresh seed, for at most 40 s. -v prints the seed;
 	# a failure says how to replay it, and the seed joins modelCases.
-	CONDFS_MODEL_SEED=random CONDFS_MODEL_STEPS=3000 CONDFS_MODEL_TIME=40s $(GO) test -race -count=1 -v -run 'TestModelRandom$$' ./integration/
+	CONDFS_MODEL_SEED=random CONDFS_MODEL_STEPS=3000 CONDFS_MODEL_TIME=40s $(ITEST) -v -run 'TestModelRandom$$' ./integration/views/
 	# The no-stale tests again on the per-entry invalidation path that
 	# kernels before 6.16 (no FUSE_NOTIFY_INC_EPOCH) use. (The model test
 	# with seeds 1-3 only in these passes: its other fixed cases are
 	# regressions that do not depend on the invalidation path.)
-	CONDFS_MODEL_SEED=1,2,3 CONDFS_INVALIDATION=entries $(GO) test -race -count=1 -run '$(NOSTALE)' ./integration/
+	CONDFS_MODEL_SEED=1,2,3 CONDFS_INVALIDATION=entries $(ITEST) -run '$(NOSTALE)' ./integration/...
 	# And on a connection per session (a daemon that is not root, or
 	# --connections=per-session), where the epoch is per view.
-	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_CONNECTIONS=per-session $(GO) test -race -count=1 -run '$(NOSTALE)' ./integration/
+	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_CONNECTIONS=per-session $(ITEST) -run '$(NOSTALE)' ./integration/...
 	# A working directory's name on the per-entry path without
 	# FUSE_EXPIRE_ONLY, as kernels before 6.2 invalidate.
-	CONDFS_INVALIDATION=entries-drop $(GO) test -race -count=1 -run 'KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestCwdInHiddenDirectory' ./integration/
+	CONDFS_INVALIDATION=entries-drop $(ITEST) -run 'KeepsItsNameForItsCwd|LeavesItsCwdNowhere|TestCwdInHiddenDirectory' ./integration/views/
 	# The backing-change tests without the fanotify link watch, as a
 	# daemon that is not root runs (a space with rules listed by the daemon every time).
-	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_NO_FANOTIFY=1 $(GO) test -race -count=1 -run 'TestListingCache|TestRuledListingCached|TestBackingChangesSeen|TestWalkWhileTreeChanges|TestModelRandom' ./integration/
+	CONDFS_MODEL_SEED=1,2,3 CONDFS_TEST_NO_FANOTIFY=1 $(ITEST) -run 'TestListingCache|TestRuledListingCached|TestBackingChangesSeen|TestWalkWhileTreeChanges|TestModelRandom' ./integration/views/
 	# The egress tests again on the netstack capture (a veth pair and
 	# gVisor's stack), which runs where the kernel has no nftables NAT; the
 	# HTTPS inspection tests too.
-	CONDFS_TEST_EGRESS_CAPTURE=netstack $(GO) test -race -count=1 -timeout 30m -run 'Egress|TestInspect' ./integration/
+	CONDFS_TEST_EGRESS_CAPTURE=netstack $(ITEST) -timeout 30m -run 'Egress|TestInspect' ./integration/egress/
 
 # The views' core must be testable without root: as root, run fsys's unit
 # tests again as uid 65534 (a copy of the tree and of the module download
@@ -60,7 +68,7 @@ test-unprivileged:
 # real daemon (root; python3, node and npm).
 test-clients:
 	$(GO) test -count=1 -run 'TestControlSchema' ./daemon/
-	$(GO) test -count=1 -v -run 'TestPythonClient|TestNodeClient|TestControlResultsMatchSchema' ./integration/
+	$(GO) test -count=1 -v -run 'TestPythonClient|TestNodeClient|TestControlResultsMatchSchema' ./integration/daemon/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
@@ -85,7 +93,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s -fuzzminimizetime 200x ./constraints/internal/expr/
 	$(GO) test -run '^$$' -fuzz FuzzParsePolicy -fuzztime 60s ./constraints/
 	$(GO) test -run '^$$' -fuzz FuzzParseConditions -fuzztime 60s ./acl/
-	CI=true CONDFS_MODEL_SEED=random CONDFS_MODEL_STEPS=20000 $(GO) test -count=1 -v -run 'TestModelRandom$$' -timeout 30m ./integration/
+	CI=true CONDFS_MODEL_SEED=random CONDFS_MODEL_STEPS=20000 $(GO) test -count=1 -v -run 'TestModelRandom$$' -timeout 30m ./integration/views/
 
 clean:
 	rm -rf bin

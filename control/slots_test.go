@@ -111,7 +111,7 @@ var dialSeq atomic.Int64
 
 // serveUIDs serves with each connection's uid read from the client's
 // address rather than SO_PEERCRED, so that one process can play several
-// uids; dial connects as uid. (integration/slots_test.go checks the same
+// uids; dial connects as uid. (integration/daemon/slots_test.go checks the same
 // with a real other uid.)
 func serveUIDs(t *testing.T, opts Options) (s *Server, dial func(uid uint32) *net.UnixConn) {
 	t.Helper()

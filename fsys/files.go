@@ -12,11 +12,11 @@ import (
 // backing file, reopened), which no caller's RLIMIT_NOFILE counts: one run
 // that opened files until it could not took all of the daemon's, and every
 // other session's opens, the control socket's accepts and new runs failed
-// with it (TestAtk6OpenFilesExhaustDaemon). So open files are bounded
+// with it (TestRunOpenFilesCannotExhaustDaemon). So open files are bounded
 // three times: a view holds at most perView of them, and the views of one
 // owner together at most half of the room (EMFILE beyond, as a process's
 // own limit answers: one uid opening sessions of its own filled the room,
-// TestAtk7OneUidAllRoom); and all views together leave a reserve of the
+// TestOneUidCannotTakeEveryViewsRoom); and all views together leave a reserve of the
 // daemon's descriptors for everything else, the views' own FUSE
 // connections included (ENFILE beyond, as the system's limit answers).
 type fileBudget struct {

@@ -13,8 +13,8 @@ import (
 
 // TestOpenFilesBounded: one view opening files until it could not took all
 // of the daemon's descriptors, and every other view's opens failed with it
-// (TestAtk6OpenFilesExhaustDaemon); one owner opening views of its own
-// did the same (TestAtk7OneUidAllRoom). A view now holds at most its share
+// (TestRunOpenFilesCannotExhaustDaemon); one owner opening views of its own
+// did the same (TestOneUidCannotTakeEveryViewsRoom). A view now holds at most its share
 // and an owner's views half the room (EMFILE beyond), all views together
 // leave the daemon a reserve (ENFILE beyond), and a refused create makes
 // nothing.

@@ -231,7 +231,7 @@ func standing(h *fileHandle) bool {
 // TestRenameDecidesByCurrentPaths: a rename decides again, before it
 // returns, every open file on its filesystem in every view of the host,
 // each by the path its descriptor has now (a last decided path can be
-// stale: integration/atk2_test.go), and what is still allowed stays open.
+// stale: integration/views/rename_test.go), and what is still allowed stays open.
 func TestRenameDecidesByCurrentPaths(t *testing.T) {
 	f := newFixture(t, testRules, dm)
 	f.write("a/one.md", "1")

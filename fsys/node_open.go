@@ -218,7 +218,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 // release gives back what h holds, once: at RELEASE, or when its view's
 // own connection ends, whose queued RELEASEs the kernel drops (a session
 // closed while its files were open kept its owner's count of open files
-// taken for good: TestAtk9CPerSessionReleaseLost).
+// taken for good: TestLostReleasesReturnTheirRoomPerSession).
 func (h *fileHandle) release(ctx context.Context) syscall.Errno {
 	h.fdMu.Lock()
 	defer h.fdMu.Unlock()

@@ -401,7 +401,7 @@ func (v *View) revokeWhere(sel func(*fileHandle) bool) {
 // path can be stale (a rename on the backing since, or a concurrent rename
 // of a parent between this rename's decision and its renameat2), and an
 // attacker's review kept reading and writing a file moved into a denied
-// directory both ways (integration/atk2_test.go).
+// directory both ways (integration/views/rename_test.go).
 func (h *Host) revokeMoved(dev uint64) {
 	h.threads.unpin() // the daemon's credentials: the thread may keep a caller's
 	for _, v := range h.each() {

@@ -196,7 +196,7 @@ func relayStdio(c *net.UnixConn) (*stdioRelay, error) {
 		if toDaemon(i, daemon) {
 			// Relayed, the command's writes would be requests on the
 			// caller's own connection: context.set from inside the run
-			// (TestAtk10RelayedControlConnection).
+			// (TestRelayedControlConnectionRefusedAsStdio).
 			r.sent()
 			return nil, fmt.Errorf("descriptor %d is a connection to condfs itself, which cannot be stdio", i)
 		}

@@ -6,7 +6,7 @@
 // run's noexec mounts say nothing of a file its caller opened elsewhere. A
 // workspace file given as stdin through the host's view mount (mounted
 // exec) ran as a program through the ELF interpreter, though no binaries
-// entry listed it (TestAtk6StdinExecMount); a socket carries descriptors
+// entry listed it (TestStdinFileOnExecMountNeverExecutes); a socket carries descriptors
 // and connections. So the daemon refuses such a descriptor as stdio, and
 // condfs run gives the command a pipe in its place, copying between the
 // two itself.
@@ -19,11 +19,11 @@ import "golang.org/x/sys/unix"
 // nor /dev/null (mappable: /dev/zero maps as shared memory), or a socket. A
 // file on a noexec mount is no exception: a caller's own mount (in a user
 // namespace of its own) can be made exec again after the check
-// (TestAtk7StdinNoexecRemount). A Unix socket carries descriptors both
+// (TestStdinFileOfRemountedNoexecNeverMaps). A Unix socket carries descriptors both
 // ways: the command sent a socket of its own out through one and received
-// files of exec mounts back (TestAtk9CStdinBackChannel); an unconnected
+// files of exec mounts back (TestStdinSocketPassesNoDescriptorsOut); an unconnected
 // socket connects in its maker's network namespace
-// (TestAtk9CStdinInetSocket). Pipes, terminals and /dev/null go as they
+// (TestStdinInetSocketReachesNoNetwork). Pipes, terminals and /dev/null go as they
 // are.
 func Relayed(fd int) (bool, error) {
 	var st unix.Stat_t

@@ -1,6 +1,6 @@
 """The Python client against a real daemon and real views.
 
-integration/clients_test.go starts condfs serve on a home made for these
+integration/daemon/clients_test.go starts condfs serve on a home made for these
 tests (its rules and policy are there, in clientRules and clientPolicy) and
 runs this file with CONDFS_SOCKET and CONDFS_TEST_MNT (an empty directory
 for mountpoints) set. Without them every test here fails: they never pass
@@ -38,7 +38,7 @@ GUILD = {"kind": "discord", "channel_id": "2", "guild_id": "1"}
 def env(name: str) -> str:
     v = os.environ.get(name)
     if not v:
-        raise RuntimeError(f"{name} is not set: run these tests through integration/clients_test.go (make test)")
+        raise RuntimeError(f"{name} is not set: run these tests through integration/daemon/clients_test.go (make test)")
     return v
 
 

@@ -1,6 +1,6 @@
 // The TypeScript client against a real daemon and real views.
 //
-// integration/clients_test.go starts condfs serve on a home made for these
+// integration/daemon/clients_test.go starts condfs serve on a home made for these
 // tests and runs this file with CONDFS_SOCKET, CONDFS_TEST_MNT (an empty
 // directory for mountpoints) and CONDFS_BIN (the condfs that Session.run
 // starts) set. Without them every test here fails: none passes by skipping.
@@ -14,7 +14,7 @@ import { Client, Codes, CondfsError } from "../dist/index.js";
 
 const env = (name) => {
   const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run these tests through integration/clients_test.go (make test)`);
+  if (!v) throw new Error(`${name} is not set: run these tests through integration/daemon/clients_test.go (make test)`);
   return v;
 };
 

@@ -158,8 +158,8 @@ func restrictLandlock(c Config) (int, error) {
 	// and signals no process made outside its domain. A run sharing the
 	// host's network reached a host process's abstract socket, which sent
 	// it a file of an exec mount (SCM_RIGHTS) that it mapped executable
-	// (TestAtk8HostNetworkAbstractSocket); and it could crash its init
-	// with a signal (TestAtk6SignalInit).
+	// (TestHostNetworkAbstractSocketPassesNoDescriptors); and it could crash its init
+	// with a signal (TestInitIgnoresCrashSignalsFromTheCommand).
 	cfg := &landlock.Config{HandledAccessFS: handled, Scoped: abiConfigs[abi-1].Scoped}
 	if !c.RequireLandlock {
 		*cfg = cfg.BestEffort()

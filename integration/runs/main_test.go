@@ -1,0 +1,9 @@
+package runs
+
+import (
+	"testing"
+
+	"github.com/condfs/condfs/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }

@@ -1,0 +1,64 @@
+package testenv
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// changesRules: runRules with the programs that change files.
+const ChangesRules = PrivateRule + `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/rm", "/usr/bin/mkdir", "/usr/bin/mv", "/usr/bin/ln", "/usr/bin/chmod", "/usr/bin/rmdir", "/usr/bin/truncate", "/usr/bin/cat"]
+pids = 64
+`
+
+// backingTree describes a backing directory: each path's type, mode,
+// content or target, and a file's mtime.
+func BackingTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return err
+		}
+		st, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		desc := st.Mode().String()
+		switch {
+		case st.Mode().IsRegular():
+			b, _ := os.ReadFile(p)
+			desc += fmt.Sprintf(" %q %d", b, st.ModTime().UnixNano())
+		case st.Mode()&fs.ModeSymlink != 0:
+			l, _ := os.Readlink(p)
+			desc += " -> " + l
+		}
+		out[strings.TrimPrefix(p, root)] = desc
+		return nil
+	})
+	return out
+}
+
+type RollbackResult struct {
+	Restored  int `json:"restored"`
+	Conflicts []struct {
+		Space, Path, Reason string
+	} `json:"conflicts"`
+}
+
+func Checkpoint(d *Daemon, session, name string) string {
+	var r struct{ ID string }
+	d.Call("checkpoint.create", map[string]any{"session": session, "name": name}, &r)
+	return r.ID
+}
+
+func Rollback(d *Daemon, session, cp string, force bool) RollbackResult {
+	var r RollbackResult
+	d.Call("checkpoint.rollback", map[string]any{"session": session, "checkpoint": cp, "force": force}, &r)
+	return r
+}

@@ -1,0 +1,121 @@
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const Nobody = 65534
+
+// asNobody runs the attacker (or, with a leading "condfs", the condfs
+// binary) as uid and gid 65534 with no groups, and returns its output.
+func AsNobody(t *testing.T, args ...string) string {
+	t.Helper()
+	bin := Attacker()
+	if len(args) > 0 && args[0] == "condfs" {
+		bin, args = Condfs(), args[1:]
+	}
+	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, args...)...)
+	out, _ := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+// converseAsNobody starts the attacker as uid and gid 65534 for a
+// subcommand that answers stdin line by line; it returns the first line and
+// a function that sends a line and returns the answer.
+func ConverseAsNobody(t *testing.T, args ...string) (string, func(string) string) {
+	t.Helper()
+	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", Attacker()}, args...)...)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		t.Fatalf("attacker %v exited at once", args)
+	}
+	return lines.Text(), func(line string) string {
+		t.Helper()
+		fmt.Fprintln(stdin, line)
+		if !lines.Scan() {
+			t.Fatal("attacker exited")
+		}
+		return lines.Text()
+	}
+}
+
+func ChownTree(t *testing.T, root string, uid int) {
+	t.Helper()
+	filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
+		if err == nil {
+			os.Lchown(p, uid, uid)
+		}
+		return nil
+	})
+}
+
+// shAsNobody runs a shell script as uid 65534 in dir (a view): what an
+// agent's file tools do.
+func ShAsNobody(t *testing.T, dir, script string) string {
+	t.Helper()
+	// cd as 65534: the view admits its owner only, not root.
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", `cd "$1" && eval "$2"`, "sh", dir, script)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %s", script, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// The rest of the eleventh review (a second attacker's, as uids 65534
+// and 1000): each failed before its fix.
+
+// atk11Py runs a Python script as uid (and gid, no groups), with the
+// control socket as argv[1] and args after it, and returns its output.
+func PythonAs(t *testing.T, uid int, timeout time.Duration, script string, args ...string) string {
+	t.Helper()
+	u := strconv.Itoa(uid)
+	cmd := exec.Command("timeout", append([]string{strconv.Itoa(int(timeout / time.Second)), "setpriv", "--reuid=" + u, "--regid=" + u, "--clear-groups",
+		"/usr/bin/python3", "-c", script}, args...)...)
+	out, _ := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+// atk7Holder starts, as uid, a process that opens path n times and holds
+// the files until its stdin closes. It returns the count opened (and the
+// error that stopped it) and a function that ends it.
+func HoldOpen(t *testing.T, uid int, path string, n int) (string, func()) {
+	t.Helper()
+	cmd := exec.Command("setpriv", "--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(uid), "--clear-groups", "/usr/bin/python3", "-c", `
+import os, sys, resource
+s, h = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (h, h))
+fds, err = [], "none"
+try:
+    for i in range(int(sys.argv[2])):
+        fds.append(os.open(sys.argv[1], os.O_RDONLY))
+except OSError as e:
+    err = e.strerror
+print("held", len(fds), "err", err, flush=True)
+sys.stdin.readline()
+`, path, strconv.Itoa(n))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	stop := func() { stdin.Close(); cmd.Wait() }
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	return strings.TrimSpace(line), stop
+}

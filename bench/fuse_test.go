@@ -217,7 +217,7 @@ func wantsFUSE() bool {
 	for _, a := range os.Args {
 		if strings.HasPrefix(a, "-test.bench=") && a != "-test.bench=" {
 			pat := strings.TrimPrefix(a, "-test.bench=")
-			return pat == "." || strings.Contains(pat, "FS") || strings.Contains(pat, "ContextSet") || strings.Contains(pat, "Macro") || strings.Contains(pat, "Goals")
+			return pat == "." || strings.Contains(pat, "FS") || strings.Contains(pat, "ContextSet") || strings.Contains(pat, "Macro") || strings.Contains(pat, "Goals") || strings.Contains(pat, "Staged")
 		}
 	}
 	return false

@@ -2,6 +2,7 @@ package changes
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -220,5 +221,41 @@ func TestLayerForceNeverReplacesAnotherUsersFile(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(backing + "/new.txt"); string(b) != "root's" {
 		t.Fatalf("another uid's file was replaced: %q", b)
+	}
+}
+
+// TestLayerCommitInterruptedThenRunAgainEndsTheSame: a commit that stops
+// part way (here: a directory of the backing tree refuses the rename into
+// it) leaves what it did done; run again, it commits the rest, and the
+// backing tree is what one commit makes.
+func TestLayerCommitInterruptedThenRunAgainEndsTheSame(t *testing.T) {
+	backing, state := layerFixture(t)
+	if out, err := exec.Command("chattr", "+i", backing+"/src").CombinedOutput(); err != nil {
+		t.Skipf("chattr +i (the backing filesystem must take it): %v %s", err, out)
+	}
+	defer exec.Command("chattr", "-i", backing+"/src").Run()
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/keep.txt", func(p string) error { return os.WriteFile(p, []byte("first\n"), 0o644) })
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("second\n"), 0o644) })
+	change(t, l, "/z.txt", func(p string) error { return os.WriteFile(p, []byte("third\n"), 0o644) })
+	res, err := l.Commit(nil, false)
+	if err == nil || res.Committed != 1 {
+		t.Fatalf("interrupted commit: %+v %v", res, err)
+	}
+	must(t, exec.Command("chattr", "-i", backing+"/src").Run())
+	if got := diffLines(t, l); strings.Join(got, ",") != "A workspace/z.txt,M workspace/src/a.txt" {
+		t.Fatalf("left to commit: %v", got)
+	}
+	if res, err = l.Commit(nil, false); err != nil || res.Committed != 2 || len(res.Conflicts) != 0 {
+		t.Fatalf("the commit run again: %+v %v", res, err)
+	}
+	for p, want := range map[string]string{"/keep.txt": "first\n", "/src/a.txt": "second\n", "/z.txt": "third\n"} {
+		if b, _ := os.ReadFile(backing + p); string(b) != want {
+			t.Errorf("%s = %q, want %q", p, b, want)
+		}
+	}
+	if names, _ := filepath.Glob(backing + "/src/.condfs-staged-*"); len(names) != 0 {
+		t.Errorf("temporary files left: %v", names)
 	}
 }

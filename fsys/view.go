@@ -564,7 +564,15 @@ func (v *View) invalidate(scoped bool, old *cctx.Set) error {
 		// tree before the reload looks for entries to drop.
 		v.cache.listingsIn.wait()
 	}
-	if !v.bumpEpoch(scoped) {
+	// Where the kernel expires entries (Linux 6.2 and later), a switch or
+	// reload expires those whose decision it keeps rather than marking
+	// every entry stale: an entry the epoch made stale is dropped on the
+	// next walk through it, and for that lookup's round trip a process
+	// whose working directory it is has no name (getcwd answers ENOENT);
+	// an expired one stays linked while it is looked up again. The
+	// notifications cost little beside deciding each cached entry again,
+	// which a reload does on both paths (BenchmarkContextSet).
+	if v.stale() == entryExpired || !v.bumpEpoch(scoped) {
 		if scoped {
 			// Only entries a rule governs can change their decision; the
 			// walk descends only where a rule names a path below.
@@ -632,7 +640,8 @@ func (v *View) invalidateChanged(unchanged entryFate) {
 // bumpEpoch invalidates every cached entry of the view's connection at once,
 // where the kernel can, and reports whether it did. A hub's connection
 // serves every session: a context switch concerns one session, so only a
-// reload (unscoped) bumps a hub's epoch.
+// reload (unscoped) bumps a hub's epoch. Switches and reloads use it only
+// where the kernel cannot expire entries (invalidate); lost events always.
 func (v *View) bumpEpoch(scoped bool) bool {
 	if v.mnt.hub != nil {
 		return !scoped && v.mnt.hub.conn.bumpEpoch(v.log)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +169,82 @@ func TestHiddenDirectoryLeavesItsCwdNowhere(t *testing.T) {
 	}
 	if ok, res := sh.Do("creat", "new", "x"); ok || !strings.Contains(res, "ENOENT") {
 		t.Errorf("create in the hidden directory: %v %s, want ENOENT", ok, res)
+	}
+}
+
+// TestCwdNameHoldsThroughSwitchesWhileOthersWalk: a process asking
+// getcwd(2) again and again in a directory that stays visible never loses
+// its name while the session switches back and forth, or the rules are
+// reloaded again and again, and another process walks the path (which
+// makes the kernel look up again whatever the view left stale): on every
+// invalidation path, getcwd answers the directory's path every time. A
+// switch or reload expires the entries it keeps rather than marking all of
+// them stale, where the kernel can (Linux 6.2 and later): a stale entry is
+// dropped on the next walk, and for that lookup's round trip the directory
+// has no name.
+func TestCwdNameHoldsThroughSwitchesWhileOthersWalk(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(d *testenv.Daemon, i int)
+	}{
+		{"switches", func(d *testenv.Daemon, i int) {
+			ctx := cwdCtxB
+			if i%2 == 1 {
+				ctx = cwdCtxA
+			}
+			d.SetContext("s", ctx)
+		}},
+		{"reloads", func(d *testenv.Daemon, i int) { d.Call("config.reload", map[string]any{}, nil) }},
+	} {
+		t.Run(c.name, func(t *testing.T) { cwdNameHolds(t, c.change) })
+	}
+}
+
+func cwdNameHolds(t *testing.T, change func(d *testenv.Daemon, i int)) {
+	_, d, mnt := cwdView(t)
+	dirs := []string{mnt + "/workspace/src/deep", mnt + "/memories/private/deep"}
+	type loop struct {
+		pwd, walk *testenv.Shell
+		dir       string
+	}
+	var loops []loop
+	for _, dir := range dirs {
+		l := loop{pwd: testenv.StartShell(t), walk: testenv.StartShell(t), dir: dir}
+		if ok, res := l.pwd.Do("cd", dir); !ok {
+			t.Fatalf("cd %s: %s", dir, res)
+		}
+		loops = append(loops, l)
+	}
+	const ms = 3000
+	results := make(chan string, 2*len(loops))
+	for _, l := range loops {
+		go func() {
+			_, res := l.pwd.Do("pwdloop", strconv.Itoa(ms))
+			results <- l.dir + ": " + res
+		}()
+		go func() {
+			l.walk.Do("statloop", l.dir+"/f", strconv.Itoa(ms))
+			results <- ""
+		}()
+	}
+	changes := 0
+	for end := time.Now().Add(ms * time.Millisecond); time.Now().Before(end); changes++ {
+		change(d, changes)
+	}
+	for range 2 * len(loops) {
+		res := <-results
+		if res == "" {
+			continue
+		}
+		var first string
+		var calls, failures int
+		dir, counts, _ := strings.Cut(res, ": ")
+		if _, err := fmt.Sscanf(counts, "%d %d %q", &calls, &failures, &first); err != nil {
+			t.Fatalf("%s: %v", res, err)
+		}
+		t.Logf("%s: %d getcwd calls over %d changes", dir, calls, changes)
+		if failures != 0 {
+			t.Errorf("%s: getcwd failed %d of %d times over %d changes (first: %s)", dir, failures, calls, changes, first)
+		}
 	}
 }

@@ -169,6 +169,10 @@ func shell(in *os.File, out *os.File) {
 			err = unix.Chdir(f[1])
 		case "pwd": // getcwd(2); f[1] is ignored
 			res, err = unix.Getwd()
+		case "pwdloop": // getcwd(2) again and again for f[1] ms: "calls failures first-error"
+			res = pwdLoop(f[1])
+		case "statloop": // lstat f[1] again and again for f[2] ms: the number of calls
+			res = statLoop(f[1], f[2])
 		case "mkcd": // mkdir, chdir at once, getcwd(2) at once and again after f[2] ms
 			res, err = mkcd(f[1], f[2])
 		case "modify": // modify PATH HOW: change a file's content one way (modify)
@@ -289,6 +293,42 @@ func report(err error) bool {
 		fmt.Printf("error %v\n", err)
 	}
 	return true
+}
+
+// pwdLoop asks getcwd(2) for the working directory's name for ms
+// milliseconds and reports how often, how often it failed or answered
+// another name, and the first such answer.
+func pwdLoop(ms string) string {
+	n, _ := strconv.Atoi(ms)
+	want, err := unix.Getwd()
+	if err != nil {
+		return "0 1 " + strconv.Quote(err.Error())
+	}
+	calls, failures, first := 0, 0, ""
+	for end := time.Now().Add(time.Duration(n) * time.Millisecond); time.Now().Before(end); {
+		for i := 0; i < 100; i++ {
+			calls++
+			if got, err := unix.Getwd(); err != nil || got != want {
+				failures++
+				if first == "" {
+					first = fmt.Sprintf("%q %v", got, err)
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("%d %d %s", calls, failures, strconv.Quote(first))
+}
+
+// statLoop lstats path for ms milliseconds: another process walking the
+// path, as agents' tools do.
+func statLoop(path, ms string) string {
+	n, _ := strconv.Atoi(ms)
+	calls := 0
+	var st unix.Stat_t
+	for end := time.Now().Add(time.Duration(n) * time.Millisecond); time.Now().Before(end); calls++ {
+		unix.Lstat(path, &st)
+	}
+	return strconv.Itoa(calls)
 }
 
 // mkcd makes dir, enters it at once and asks getcwd(2) for its name at once

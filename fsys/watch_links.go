@@ -55,7 +55,10 @@ func newLinkWatch(hk hooks) *linkWatch {
 // watches reports whether link counts on b's filesystem are reported,
 // marking the filesystem the first time.
 func (l *linkWatch) watches(b *backing) bool {
-	if l == nil {
+	if l == nil || b.merged {
+		// A staged layer's overlayfs: its anonymous device is used again
+		// by later mounts, and a mark would hold the mount for the
+		// daemon's life. Its directories are not watched either.
 		return false
 	}
 	l.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -186,6 +187,27 @@ func TestStagedCloseWithUncommittedChangesRefused(t *testing.T) {
 	}
 	d.Call("session.close", map[string]any{"id": "s", "discard": true}, nil)
 	sameBacking(t, "the backing tree after close --discard", start, testenv.BackingTree(t, ws))
+	// The layer went with the session: its merged directories are not
+	// mounted, its directory is gone, and the daemon holds none of it.
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), d.Home.Root) && strings.Contains(string(mi), "overlay") {
+		for _, line := range strings.Split(string(mi), "\n") {
+			if strings.Contains(line, "overlay") && strings.Contains(line, d.Home.Root) {
+				t.Errorf("a closed session's layer is still mounted: %s", line)
+			}
+		}
+	}
+	layers, _ := filepath.Glob(d.Home.Root + "/*/changes/s")
+	if len(layers) != 0 {
+		t.Errorf("a closed session's layer is still on disk: %v", layers)
+	}
+	pid := d.Cmd.Process.Pid
+	fds, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/fd/*")
+	for _, fd := range fds {
+		if l, _ := os.Readlink(fd); strings.Contains(l, "/changes/s/") {
+			t.Errorf("the daemon holds %s of a closed session's layer", l)
+		}
+	}
 }
 
 // TestStagedLayerComesBackAfterKill: the daemon killed with -9 restarts

@@ -413,3 +413,34 @@ except OSError as e:
 		t.Fatalf("diff after mv: %v", list)
 	}
 }
+
+// TestStagedRunChangesEachKindHeldThenCommitted: a command in condfs run
+// makes each kind of change (chmod, mkdir, symlink, rename, rmdir, remove,
+// truncate, create) in a staged session: the backing tree holds none of
+// it, the session's view all of it, and after a commit the backing tree
+// holds what the view showed.
+func TestStagedRunChangesEachKindHeldThenCommitted(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	start := testenv.BackingTree(t, ws)
+	out, code := testenv.CondfsRun(t, d, "", "--cwd", "/workspace", "--", "sh", "-c",
+		`chmod 600 a.txt && truncate -s 2 a.txt && mkdir rd && mkdir rd/sub && rmdir rd/sub && ln -s a.txt rl && mv gone.txt g2.txt && rm d/x.txt && rmdir d && printf n > n.txt`)
+	if code != 0 {
+		t.Fatalf("condfs run: %d %s", code, out)
+	}
+	sameBacking(t, "the backing tree before commit", start, testenv.BackingTree(t, ws))
+	const describe = `find . -printf '%p %M %u %s %l\n' | sort`
+	view := testenv.ShAsNobody(t, mnt+"/workspace", describe)
+	want := []string{"A workspace/g2.txt", "A workspace/n.txt", "A workspace/rd/", "A workspace/rl", "D workspace/d/", "D workspace/gone.txt", "M workspace/a.txt"}
+	if got, _ := stagedDiff(d, "s"); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("diff %v, want %v", got, want)
+	}
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if r.Committed != len(want) || len(r.Conflicts) != 0 {
+		t.Fatalf("commit: %+v", r)
+	}
+	if got := testenv.ShAsNobody(t, ws, describe); got != view {
+		t.Fatalf("the backing tree after commit:\n%s\nthe staged view before it:\n%s", got, view)
+	}
+}

@@ -3,6 +3,7 @@ package changes
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"unicode/utf8"
 
@@ -190,7 +191,7 @@ func copyEntry(src, dst int, p string, want, have state, deep bool) error {
 			return err
 		}
 	case "f":
-		if err := copyFile(src, p, pfd, tmp, want); err != nil {
+		if err := copyFile(src, p, pfd, tmp); err != nil {
 			unix.Unlinkat(pfd, tmp, 0)
 			return err
 		}
@@ -226,14 +227,24 @@ func tempName() string {
 }
 
 // copyFile writes a copy of p beneath src to a new file tmp in pfd, with
-// want's mode, owner and mtime, and syncs it before the rename that shows
-// it.
-func copyFile(src int, p string, pfd int, tmp string, want state) error {
+// the mode, owner and mtime of the file it copies, and syncs it before the
+// rename that shows it. They are taken from the descriptor the content is
+// read from, never from an earlier look at p: the session may have renamed
+// its own file over p since, and would get another's owner and setuid bits.
+func copyFile(src int, p string, pfd int, tmp string) error {
 	in, err := safepath.Beneath(src, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(in)
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%s is no longer a regular file: %w", p, unix.EAGAIN)
+	}
+	want := stateOf(&st)
 	out, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err

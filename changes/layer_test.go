@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -257,5 +258,50 @@ func TestLayerCommitInterruptedThenRunAgainEndsTheSame(t *testing.T) {
 	}
 	if names, _ := filepath.Glob(backing + "/src/.condfs-staged-*"); len(names) != 0 {
 		t.Errorf("temporary files left: %v", names)
+	}
+}
+
+// TestLayerCommitGivesAFileTheOwnerAndModeOfWhatItCopies: a commit takes a
+// file's owner and mode from the file whose content it copies, not from
+// what the layer held at that path when the commit listed it. Otherwise a
+// session swaps its own file in (a rename through the view) after the
+// listing of a copied-up setuid root file at that path, and the commit
+// makes a setuid root file of the session's content.
+func TestLayerCommitGivesAFileTheOwnerAndModeOfWhatItCopies(t *testing.T) {
+	backing, state := layerFixture(t)
+	must(t, os.Mkdir(backing+"/bin", 0o777))
+	must(t, os.Chmod(backing+"/bin", 0o777))
+	must(t, os.WriteFile(backing+"/bin/tool", []byte("root's tool"), 0o755))
+	must(t, syscall.Chmod(backing+"/bin/tool", 0o4755))
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	merged := l.Merged("workspace")
+	change(t, l, "/bin/tool", func(string) error { return nil })
+	change(t, l, "/x", func(p string) error { return os.Rename(merged+"/bin/tool", p) })
+	change(t, l, "/evil", func(p string) error {
+		if err := os.WriteFile(p, []byte("the session's"), 0o755); err != nil {
+			return err
+		}
+		return os.Chown(p, 65534, 65534)
+	})
+	list, err := l.list()
+	must(t, err)
+	var x *staged
+	for i := range list {
+		if list[i].path == "/x" {
+			x = &list[i]
+		}
+	}
+	if x == nil || x.up.UID != 0 || x.up.Mode&0o4000 == 0 {
+		t.Fatalf("the copied-up setuid file at /x: %+v", x)
+	}
+	// The session renames its own file over /x after the listing.
+	change(t, l, "/x", func(p string) error { return os.Rename(merged+"/evil", p) })
+	must(t, commitOne(l.spaces["workspace"], *x))
+	var st syscall.Stat_t
+	must(t, syscall.Lstat(backing+"/x", &st))
+	b, _ := os.ReadFile(backing + "/x")
+	if string(b) == "the session's" && (st.Uid != 65534 || st.Mode&0o6000 != 0) {
+		t.Fatalf("the session's content committed with uid %d mode %o", st.Uid, st.Mode&0o7777)
 	}
 }

@@ -137,7 +137,7 @@ func (d *Daemon) connectDecider(s *session, roles []string) egress.Decider {
 		set := s.view.Context()
 		req.Atoms = &set
 		dec := d.policy.Load().Decide(&req)
-		return egress.Verdict{Decision: dec.Decision.String(), Reasons: dec.Reasons}
+		return egress.Verdict{Decision: dec.Decision.String(), Reasons: dec.Reasons, Context: set.String()}
 	}
 }
 

@@ -31,11 +31,13 @@ type flow struct {
 	abort   func()                  // ends client with a reset
 	decided atomic.Pointer[Request] // what it was last allowed as
 
-	mu       sync.Mutex
-	upstream net.Conn
-	addr     netip.Addr // where upstream was dialled
-	cutDone  bool
-	reset    bool // end with a reset: a refusal the program is not told of otherwise
+	mu sync.Mutex
+	// upstreams are f's open upstream connections and where each was
+	// dialled: one, but one per HTTP/2 stream in flight (inspect_h2.go).
+	upstreams map[net.Conn]netip.Addr
+	addr      netip.Addr // where the last upstream was dialled
+	cutDone   bool
+	reset     bool // end with a reset: a refusal the program is not told of otherwise
 }
 
 // cut ends f at once: a reset to the run and to the upstream.
@@ -64,16 +66,15 @@ func (f *flow) endLocked(reset bool) {
 	} else {
 		f.client.Close()
 	}
-	if f.upstream == nil {
-		return
+	for c := range f.upstreams {
+		if tc, ok := c.(*net.TCPConn); ok && reset {
+			// A reset upstream too: a graceful close would still send
+			// what the relay had queued in the socket, after the cut
+			// returned (TestAtk9EgressCutDrainsUpstream).
+			_ = tc.SetLinger(0)
+		}
+		c.Close()
 	}
-	if tc, ok := f.upstream.(*net.TCPConn); ok && reset {
-		// A reset upstream too: a graceful close would still send what
-		// the relay had queued in the socket, after the cut returned
-		// (TestAtk9EgressCutDrainsUpstream).
-		_ = tc.SetLinger(0)
-	}
-	f.upstream.Close()
 }
 
 // refuse marks f to end with a reset.
@@ -83,7 +84,7 @@ func (f *flow) refuse() {
 	f.mu.Unlock()
 }
 
-// setUpstream records c, dialled at addr, as f's upstream; false (c
+// setUpstream records c, dialled at addr, as an upstream of f; false (c
 // closed) when f was cut.
 func (f *flow) setUpstream(c net.Conn, addr netip.Addr) bool {
 	f.mu.Lock()
@@ -92,18 +93,48 @@ func (f *flow) setUpstream(c net.Conn, addr netip.Addr) bool {
 		c.Close()
 		return false
 	}
-	if f.upstream != nil && f.upstream != c {
-		f.upstream.Close()
+	if f.upstreams == nil {
+		f.upstreams = map[net.Conn]netip.Addr{}
 	}
-	f.upstream, f.addr = c, addr
+	f.upstreams[c], f.addr = addr, addr
 	return true
 }
 
-// dialled is the address f's upstream was dialled at (invalid: none).
+// dropUpstream closes c, an upstream of f no request uses any more.
+func (f *flow) dropUpstream(c net.Conn) {
+	f.mu.Lock()
+	delete(f.upstreams, c)
+	f.mu.Unlock()
+	c.Close()
+}
+
+// closeUpstreams closes f's upstreams, ending the requests that wait on
+// them.
+func (f *flow) closeUpstreams() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.upstreams {
+		c.Close()
+	}
+	clear(f.upstreams)
+}
+
+// dialled is the address f's last upstream was dialled at (invalid: none).
 func (f *flow) dialled() netip.Addr {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.addr
+}
+
+// dialledAll is where f's open upstreams were dialled.
+func (f *flow) dialledAll() []netip.Addr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := make([]netip.Addr, 0, len(f.upstreams))
+	for _, a := range f.upstreams {
+		l = append(l, a)
+	}
+	return l
 }
 
 func (f *flow) serve(dst netip.Addr, port int) {
@@ -331,7 +362,7 @@ func (f *flow) tunnel(src io.Reader, r Request) { f.tunnelWith(src, r, nil) }
 
 // tunnelWith is tunnel; a TLS connection's relay begins under hg.
 func (f *flow) tunnelWith(src io.Reader, r Request, hg *helloGuard) {
-	v := f.g.decideFor(f, r)
+	v, _ := f.g.decideFor(f, r)
 	if !v.Allowed() {
 		f.g.audit(Event{Request: r, Verdict: v})
 		f.refuse()
@@ -617,7 +648,7 @@ func (f *flow) silent(br *bufio.Reader, host string, port int) {
 		}
 		return
 	}
-	v := f.g.decideFor(f, r)
+	v, _ := f.g.decideFor(f, r)
 	if !v.Allowed() {
 		f.g.audit(Event{Request: r, Verdict: v})
 		f.refuse()

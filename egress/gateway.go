@@ -42,6 +42,11 @@ func (r Request) Args() map[string]any {
 type Verdict struct {
 	Decision string // "allow", "deny" or "approval_required"
 	Reasons  []string
+	// Context names the session's context the decision was made in
+	// (any string that differs when the context does; "": one context).
+	// An upstream connection serves only requests decided in the context
+	// it was dialled in.
+	Context string
 }
 
 // Allowed reports whether v lets the connection or request through.
@@ -267,17 +272,18 @@ const stackStopWait = time.Second
 // and cuts those it refuses; it returns once they are cut. It returns how
 // many it cut.
 func (g *Gateway) Recheck() int {
-	g.gen.Add(1)
-	return g.cutIf(func(f *flow, r *Request) (Verdict, string) {
+	return g.cutIf(true, func(f *flow, r *Request) (Verdict, string) {
 		if r == nil {
 			return Verdict{}, "" // not decided yet: it will be as the Decider decides now
 		}
 		v := g.verdict(*r)
-		switch a := f.dialled(); {
-		case !v.Allowed():
+		if !v.Allowed() {
 			return v, "cut: the context or the policy changed"
-		case a.IsValid() && g.private(a) != "" && (g.cfg.Reach == nil || !g.cfg.Reach(a)):
-			return v, "cut: reach_private no longer lists " + a.String()
+		}
+		for _, a := range f.dialledAll() {
+			if g.private(a) != "" && (g.cfg.Reach == nil || !g.cfg.Reach(a)) {
+				return v, "cut: reach_private no longer lists " + a.String()
+			}
 		}
 		return v, ""
 	})
@@ -287,16 +293,22 @@ func (g *Gateway) Recheck() int {
 // command ended: its connections end with it, as when its sandbox goes),
 // and returns once they are cut.
 func (g *Gateway) CutAll(why string) int {
-	return g.cutIf(func(*flow, *Request) (Verdict, string) {
+	return g.cutIf(false, func(*flow, *Request) (Verdict, string) {
 		return Verdict{Decision: "deny", Reasons: []string{why}}, why
 	})
 }
 
 // cutIf cuts each open connection for which cut gives a reason, audited
-// with its verdict, and returns how many it cut.
-func (g *Gateway) cutIf(cut func(f *flow, r *Request) (Verdict, string)) int {
+// with its verdict, and returns how many it cut. With bump, it counts a
+// generation first, under the same lock decisions take (decideFor): a
+// request decided before it is rechecked here, one decided after it dials
+// again.
+func (g *Gateway) cutIf(bump bool, cut func(f *flow, r *Request) (Verdict, string)) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if bump {
+		g.gen.Add(1)
+	}
 	n := 0
 	for f := range g.flows {
 		r := f.decided.Load()
@@ -352,15 +364,16 @@ func (g *Gateway) wouldAllow(r Request) bool {
 	return g.verdict(r).Allowed()
 }
 
-// decideFor decides r for f and records it, so that Recheck sees it.
-func (g *Gateway) decideFor(f *flow, r Request) Verdict {
+// decideFor decides r for f and records it, so that Recheck sees it; gen
+// is the generation it was decided in.
+func (g *Gateway) decideFor(f *flow, r Request) (v Verdict, gen uint64) {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
-	v := g.verdict(r)
+	v = g.verdict(r)
 	if v.Allowed() {
 		f.decided.Store(&r)
 	}
-	return v
+	return v, g.gen.Load()
 }
 
 func (g *Gateway) audit(e Event) {

@@ -32,14 +32,17 @@ func (t target) hostPort(defaultPort int) string {
 }
 
 // upstreamConn is the connection requests of one target share, in one
-// context: a switch or a reload (Recheck) since it was dialled makes the
-// next request dial again.
+// context: a request decided in another context, or after a switch or a
+// reload (Recheck) since it was dialled, dials again. Both are checked: a
+// switch publishes the new context before its Recheck, and a request
+// decided in between must not reuse a connection of the old one.
 type upstreamConn struct {
 	t   target
 	c   net.Conn // what requests are written to: raw, or TLS over it
 	raw net.Conn // the socket: what is closed (a TLS close waits to write)
 	br  *bufio.Reader
-	gen uint64 // the gateway's generation when dialled
+	gen uint64 // the gateway's generation when decided and dialled
+	ctx string // the context it was decided in (Verdict.Context)
 }
 
 // defaultPort is proto's port when a Host header names none.
@@ -59,14 +62,16 @@ func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) { f.serveRequests(br, 
 // serveRequests serves the requests of a connection speaking HTTP/1.x as
 // proto: "http", or "https" on a connection the gateway terminated
 // (inspect.go), whose requests it sends over TLS it verifies. Both are
-// decided, refused and written again the same way.
+// decided, refused and written again the same way (exchange), as are
+// HTTP/2's (inspect_h2.go).
 func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 	var up *upstreamConn
 	defer func() {
 		if up != nil {
-			up.raw.Close()
+			f.dropUpstream(up.raw)
 		}
 	}()
+	a := h1Answer{f}
 	for first := true; ; first = false {
 		wait := headWait
 		if !first {
@@ -87,63 +92,103 @@ func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 			f.status(http.StatusBadRequest, "the request cannot be read: "+err.Error())
 			return
 		}
-		t, r, code, msg := checkRequest(req, hosts, fixed, proto)
-		if code != 0 {
-			f.status(code, msg)
-			return
-		}
-		gen := f.g.gen.Load()
-		v := f.g.decideFor(f, r)
-		if !v.Allowed() {
-			f.g.audit(Event{Request: r, Verdict: v})
-			f.status(http.StatusForbidden, refusal(r, v, ""))
-			return
-		}
-		sec, leak := f.g.secretsIn(req, r)
-		if leak != "" {
-			f.g.audit(Event{Request: r, Verdict: v, Refused: leak})
-			f.status(http.StatusForbidden, refusal(r, v, leak))
-			return
-		}
-		if up == nil || up.t != t || up.gen != gen {
-			if up != nil {
-				up.raw.Close()
-				up = nil
-			}
-			c, addr, why := f.g.dial(t.host, t.port)
-			raw := c
-			if c != nil && proto == "https" {
-				c, why = f.g.verifiedTLS(c, t.host)
-			}
-			f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why, Secrets: sec.names})
-			if c == nil {
-				code := http.StatusForbidden
-				if addr.IsValid() && proto == "https" && strings.HasPrefix(why, tlsRefusal) {
-					code = http.StatusBadGateway
-				}
-				f.status(code, refusal(r, v, why))
-				return
-			}
-			// The flow holds the socket: a cut resets it at once (a TLS
-			// close would wait to write its alert, under the gateway's
-			// lock).
-			if !f.g.adopt(f, r, v, raw, addr) {
-				f.status(http.StatusForbidden, refusal(r, v, "reach_private no longer lists "+addr.String()))
-				return
-			}
-			up = &upstreamConn{t: t, c: c, raw: raw, br: bufio.NewReaderSize(c, 32<<10), gen: gen}
-		} else {
-			f.g.audit(Event{Request: r, Verdict: v, Secrets: sec.names})
-		}
-		if !f.forward(req, r, t, up, sec) {
+		if !f.exchange(req, hosts, fixed, proto, &up, a) {
 			return
 		}
 	}
 }
 
+// answerer answers the run's request: over HTTP/1.1 on the connection
+// itself (h1Answer), or on an HTTP/2 stream (h2Answer).
+type answerer interface {
+	// status answers code and msg; over HTTP/1.1 it ends the connection.
+	status(code int, msg string)
+	// answer relays the server's answer (an interim one too).
+	answer(resp *http.Response) error
+}
+
+type h1Answer struct{ f *flow }
+
+func (a h1Answer) status(code int, msg string) { a.f.status(code, msg) }
+
+func (a h1Answer) answer(resp *http.Response) error {
+	// One write for the head (Response.Write writes it line by line: a
+	// TLS record and a segment each on a terminated connection); the body
+	// in writes of the size io.Copy makes.
+	bw := bufio.NewWriterSize(a.f.client, 32<<10)
+	err := resp.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	return err
+}
+
+// exchange serves one request of the run, read as req with hosts its Host
+// values (HTTP/2's :authority): checked, decided, written again and sent
+// over *up, which is dialled again when it was dialled for another target,
+// in another context or before a Recheck. It reports whether the run's
+// connection may carry another request over *up.
+func (f *flow) exchange(req *http.Request, hosts []string, fixed *target, proto string, up **upstreamConn, a answerer) bool {
+	if fixed != nil {
+		if r, leak := f.g.leakInHead(req, hosts, *fixed, proto); leak != "" {
+			f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "deny", Reasons: []string{leak}}, Refused: leak})
+			a.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
+			return false
+		}
+	}
+	t, r, code, msg := checkRequest(req, hosts, fixed, proto)
+	if code != 0 {
+		a.status(code, msg)
+		return false
+	}
+	v, gen := f.g.decideFor(f, r)
+	if !v.Allowed() {
+		f.g.audit(Event{Request: r, Verdict: v})
+		a.status(http.StatusForbidden, refusal(r, v, ""))
+		return false
+	}
+	sec, leak := f.g.secretsIn(req, r)
+	if leak != "" {
+		f.g.audit(Event{Request: r, Verdict: v, Refused: leak})
+		a.status(http.StatusForbidden, refusal(r, v, leak))
+		return false
+	}
+	if u := *up; u == nil || u.t != t || u.gen != gen || u.ctx != v.Context {
+		if u != nil {
+			f.dropUpstream(u.raw)
+			*up = nil
+		}
+		c, addr, why := f.g.dial(t.host, t.port)
+		raw := c
+		if c != nil && proto == "https" {
+			c, why = f.g.verifiedTLS(c, t.host)
+		}
+		f.g.audit(Event{Request: r, Verdict: v, Addr: addr, Refused: why, Secrets: sec.names})
+		if c == nil {
+			code := http.StatusForbidden
+			if addr.IsValid() && proto == "https" && strings.HasPrefix(why, tlsRefusal) {
+				code = http.StatusBadGateway
+			}
+			a.status(code, refusal(r, v, why))
+			return false
+		}
+		// The flow holds the socket: a cut resets it at once (a TLS
+		// close would wait to write its alert, under the gateway's
+		// lock).
+		if !f.g.adopt(f, r, v, raw, addr) {
+			a.status(http.StatusForbidden, refusal(r, v, "reach_private no longer lists "+addr.String()))
+			return false
+		}
+		*up = &upstreamConn{t: t, c: c, raw: raw, br: bufio.NewReaderSize(c, 32<<10), gen: gen, ctx: v.Context}
+	} else {
+		f.g.audit(Event{Request: r, Verdict: v, Secrets: sec.names})
+	}
+	return f.forward(req, r, t, *up, sec, a)
+}
+
 // forward sends req upstream with exactly r's path and relays the answer;
 // it reports whether the connection may serve another request.
-func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn, sec injected) bool {
+func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn, sec injected, a answerer) bool {
 	p, q, _ := strings.Cut(r.Path, "?")
 	req.URL = &url.URL{Opaque: p, RawQuery: q, ForceQuery: strings.Contains(r.Path, "?") && q == ""}
 	req.Host = t.hostPort(defaultPort(r.Protocol))
@@ -157,7 +202,7 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn,
 	body, leak := f.g.scanBody(req, r)
 	if leak != "" {
 		f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "allow"}, Refused: leak})
-		f.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
+		a.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
 		return false
 	}
 	if err := req.Write(up.c); err != nil {
@@ -165,32 +210,25 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn,
 			// The upstream has not had the whole request: it is closed
 			// unfinished, and the program told why.
 			f.g.audit(Event{Request: r, Verdict: Verdict{Decision: "allow"}, Refused: leak})
-			f.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
+			a.status(http.StatusForbidden, refusal(r, Verdict{}, leak))
 			return false
 		}
-		f.status(http.StatusBadGateway, "the request could not be sent: "+err.Error())
+		a.status(http.StatusBadGateway, "the request could not be sent: "+err.Error())
 		return false
 	}
 	for {
 		resp, err := http.ReadResponse(up.br, req)
 		if err != nil {
-			f.status(http.StatusBadGateway, "the answer could not be read: "+err.Error())
+			a.status(http.StatusBadGateway, "the answer could not be read: "+err.Error())
 			return false
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			resp.Body.Close()
-			f.status(http.StatusBadGateway, "the server switched protocols, which is not forwarded")
+			a.status(http.StatusBadGateway, "the server switched protocols, which is not forwarded")
 			return false
 		}
 		sec.redact(resp.Header)
-		// One write for the head (Response.Write writes it line by
-		// line: a TLS record and a segment each on a terminated
-		// connection); the body in writes of the size io.Copy makes.
-		bw := bufio.NewWriterSize(f.client, 32<<10)
-		werr := resp.Write(bw)
-		if werr == nil {
-			werr = bw.Flush()
-		}
+		werr := a.answer(resp)
 		resp.Body.Close()
 		if werr != nil {
 			return false

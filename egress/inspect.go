@@ -19,7 +19,7 @@ import (
 
 // Inspected HTTPS (docs/sandbox.md, "Inspected HTTPS"): for the hosts the
 // config names, the gateway terminates the run's TLS with a leaf of the
-// daemon's Authority, decides each HTTP/1.1 request as plain HTTP's are
+// daemon's Authority, decides each HTTP/1.1 or HTTP/2 request as plain HTTP's are
 // (protocol "https", method and path: the same checkRequest, the same
 // normalPath), writes it again, and sends it over a TLS connection of its
 // own that verifies the server for the decided name. Secrets: the run's
@@ -29,12 +29,13 @@ import (
 // request that carries a placeholder (a leak attempt).
 //
 // Fail-closed choices: the leaf is presented only for the SNI of the
-// decided host; only http/1.1 is offered by ALPN (no HTTP/2: its requests
-// would not go through checkRequest); a TLS layer inside the terminated
+// decided host; h2 and http/1.1 are offered by ALPN, and an HTTP/2
+// stream's request goes through exchange as an HTTP/1.1 request does
+// (inspect_h2.go); a TLS layer inside the terminated
 // one is not HTTP and is refused; a server that fails verification
 // answers 502; a placeholder the gateway cannot replace refuses the
 // request; trailers are refused; an upstream connection serves one
-// connection of the run, in one context.
+// connection of the run, one request at a time, in one context.
 
 // Inspection is how a gateway terminates HTTPS.
 type Inspection struct {
@@ -103,7 +104,9 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	var sni string
 	conf := &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"http/1.1"},
+		// HTTP/2 first, as servers prefer it; both are decided per
+		// request (inspect_h2.go).
+		NextProtos: []string{"h2", "http/1.1"},
 		// The run's clients do not resume; a ticket is work for nothing.
 		SessionTicketsDisabled: true,
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -133,8 +136,13 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	}
 	// The run's end is now the terminated connection; abort still resets
 	// the socket beneath it.
-	f.client = terminated{tc, f.client}
+	term := terminated{tc, f.client}
+	f.client = term
 	f.mu.Unlock()
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		f.serveH2(term, target{host: host, port: port})
+		return
+	}
 	f.serveRequests(bufio.NewReaderSize(f.client, 32<<10), &target{host: host, port: port}, "https")
 }
 
@@ -268,6 +276,27 @@ func (g *Gateway) secretsIn(req *http.Request, r Request) (injected, string) {
 	return in, ""
 }
 
+// leakInHead finds a placeholder of the run in what decides where a
+// request goes (its method, target and Host values: HTTP/2's pseudo-
+// headers), to fixed: a leak attempt, with the request as far as it is
+// known, before the request is read as anything else.
+func (g *Gateway) leakInHead(req *http.Request, hosts []string, fixed target, proto string) (Request, string) {
+	pm := g.placeholders.Load()
+	if pm == nil || len(*pm) == 0 {
+		return Request{}, ""
+	}
+	r := Request{Host: fixed.host, Port: fixed.port, Protocol: proto}
+	parts := append([]string{req.Method, req.RequestURI, req.Host}, hosts...)
+	for ph, name := range *pm {
+		for _, p := range parts {
+			if strings.Contains(p, ph) {
+				return r, leakWhy(name, "in the request line or its host")
+			}
+		}
+	}
+	return r, ""
+}
+
 func leakWhy(name, where string) string {
 	return "leak attempt: the placeholder of secret " + name + " " + where
 }
@@ -354,6 +383,10 @@ var errLeak = errors.New("the request was stopped: a leak attempt")
 
 func (b *bodyScan) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
+	if errors.Is(err, errTrailers) {
+		b.set("request trailers are not forwarded")
+		return 0, errLeak
+	}
 	if n > 0 && len(b.phs) > 0 {
 		buf := append(b.tail, p[:n]...)
 		for ph, name := range b.phs {

@@ -49,7 +49,7 @@ func TestInspectRequests(t *testing.T) {
 		{"proxy: untrusted server", []string{"https://bad.test/"}, "502 Bad Gateway"},
 		{"captured: untrusted server", []string{"--noproxy", "*", "https://bad.test/"}, "502 Bad Gateway"},
 		{"captured: an encoded slash", []string{"--noproxy", "*", "--path-as-is", "https://api.test/a/..%2Fprivate/x"}, "400 Bad Request"},
-		{"captured: HTTP/2 asked, HTTP/1.1 served", []string{"--noproxy", "*", "--http2", "https://api.test/h2"}, "HTTP/1.1 200 OK"},
+		{"captured: HTTP/2 asked and served", []string{"--noproxy", "*", "--http2", "https://api.test/h2"}, "HTTP/2 200"},
 	}
 	// The SNI names api.test on a connection to other.test: reset, never
 	// a leaf for either.

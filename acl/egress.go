@@ -14,6 +14,8 @@ import (
 	"github.com/BurntSushi/toml"
 
 	cctx "github.com/condfs/condfs/context"
+
+	"github.com/condfs/condfs/internal/lazyregexp"
 )
 
 // The [egress] table and the [secrets.NAME] tables (docs/conditions.md,
@@ -254,7 +256,7 @@ func (l *loader) strings(fp toml.Primitive, what string) ([]string, error) {
 	return out, nil
 }
 
-var envNameRe = lazyRegexp(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envNameRe = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // reservedEnv are variables the daemon sets in a run: a secret may not
 // take one.

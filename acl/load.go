@@ -2,6 +2,7 @@ package acl
 
 import (
 	"github.com/condfs/condfs/internal/configfile"
+	"github.com/condfs/condfs/internal/lazyregexp"
 
 	"errors"
 	"fmt"
@@ -32,7 +33,7 @@ func Load(file string) (*Config, error) {
 	return Parse(file, data)
 }
 
-var blockNameRe = lazyRegexp(`^[A-Za-z0-9_-]+$`)
+var blockNameRe = lazyregexp.New(`^[A-Za-z0-9_-]+$`)
 
 // Parse compiles conditions.toml text. Unknown tables and keys, bad values
 // and malformed conditions are errors (a *LoadError) with line and column.

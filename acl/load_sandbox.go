@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/condfs/condfs/internal/lazyregexp"
 )
 
 // sandbox loads the [sandbox] table. Every key is checked; anything the
@@ -154,7 +156,7 @@ func checkBinary(s string) error {
 	return nil
 }
 
-var sizeRe = lazyRegexp(`^([0-9]+)(B|KiB|MiB|GiB|TiB)?$`)
+var sizeRe = lazyregexp.New(`^([0-9]+)(B|KiB|MiB|GiB|TiB)?$`)
 
 var sizeUnits = map[string]int64{"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 

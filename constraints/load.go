@@ -13,6 +13,7 @@ import (
 
 	"github.com/condfs/condfs/constraints/internal/expr"
 	"github.com/condfs/condfs/constraints/internal/value"
+	"github.com/condfs/condfs/internal/lazyregexp"
 )
 
 // Load reads and compiles a policy file.
@@ -171,8 +172,8 @@ func keyList(m map[string]bool) string {
 // YAML 1.1 readers (Hexgate's included) read these plain scalars as
 // booleans, nulls or numbers; as names they must be quoted.
 var (
-	ambiguousWord = lazyRegexp(`^(?i:y|n|yes|no|on|off|true|false|null|~)$`)
-	ambiguousNum  = lazyRegexp(`^[-+]?(\.[0-9_]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|^[-+]?0[xX][0-9a-fA-F_]+$|^[-+]?0[oO]?[0-7_]+$|^[-+]?0[bB][01_]+$|^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$`)
+	ambiguousWord = lazyregexp.New(`^(?i:y|n|yes|no|on|off|true|false|null|~)$`)
+	ambiguousNum  = lazyregexp.New(`^[-+]?(\.[0-9_]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|^[-+]?0[xX][0-9a-fA-F_]+$|^[-+]?0[oO]?[0-7_]+$|^[-+]?0[bB][01_]+$|^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$`)
 )
 
 func (l *loader) name(k *yaml.Node, what string) (string, bool) {
@@ -302,7 +303,7 @@ func (l *loader) topLevel(top *yaml.Node) (hasRoles bool, pairs [][2]*yaml.Node)
 	return hasRoles, pairs
 }
 
-var yamlLineRe = lazyRegexp(`line (\d+)(?:, column (\d+))?: (.*)`)
+var yamlLineRe = lazyregexp.New(`line (\d+)(?:, column (\d+))?: (.*)`)
 
 func yamlErrPos(err error) (int, int, string) {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
@@ -487,7 +488,7 @@ func (l *loader) consts(n *yaml.Node) (map[string]constDef, []string) {
 	return out, ord
 }
 
-var jsonNumRe = lazyRegexp(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
+var jsonNumRe = lazyregexp.New(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
 
 // yamlValue converts a YAML node to an exact Value.
 func (l *loader) yamlValue(n *yaml.Node, depth int) (value.Value, bool) {

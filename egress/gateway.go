@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/time/rate"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/condfs/condfs/internal/capture"
 )
 
 // Request is one decision's arguments: tool `connect`'s args.
@@ -206,12 +208,12 @@ func (c *Config) closeLink() {
 	}
 }
 
-// Stack is the capture g serves: "kernel" or "netstack".
+// Stack is the capture g serves: capture.Kernel or capture.Netstack.
 func (g *Gateway) Stack() string {
 	if g.stack != nil {
-		return "netstack"
+		return capture.Netstack
 	}
-	return "kernel"
+	return capture.Kernel
 }
 
 // SetDecider sets how the run's connections are decided from now on (a

@@ -13,6 +13,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/capture"
 )
 
 // The kernel capture of a run whose network is "policy" (Link.Capture
@@ -25,11 +27,11 @@ import (
 // sockets (splice) instead of running a stack of its own.
 var CaptureAddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 255, 0, 1}), 1)
 
-// Capture kinds (Link.Capture).
+// Capture kinds (Link.Capture), as internal/capture spells them.
 const (
-	CaptureAuto     = ""         // kernel where the kernel has nftables NAT, else netstack
-	CaptureKernel   = "kernel"   // nftables in the run's namespace, kernel TCP both ways
-	CaptureNetstack = "netstack" // a veth pair, the gateway's own stack on a packet socket
+	CaptureAuto     = capture.Auto     // kernel where the kernel has nftables NAT, else netstack
+	CaptureKernel   = capture.Kernel   // nftables in the run's namespace, kernel TCP both ways
+	CaptureNetstack = capture.Netstack // a veth pair, the gateway's own stack on a packet socket
 )
 
 // conntrackTimeouts shorten how long the run's namespace tracks a flow

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/condfs/condfs/internal/cli"
+	"github.com/condfs/condfs/internal/lazyregexp"
 )
 
 // compNode is a command or subcommand, with the flags and subcommands its
@@ -19,12 +20,12 @@ type compNode struct {
 }
 
 var (
-	flagLine = lazyRegexp(`(?m)^\s+(?:-[A-Za-z], )?(--[a-z0-9][a-z0-9-]*)`)
+	flagLine = lazyregexp.New(`(?m)^\s+(?:-[A-Za-z], )?(--[a-z0-9][a-z0-9-]*)`)
 	// "condfs policy lint FILE", "condfs hook claude-code ...": a
 	// subcommand named in a usage line.
-	usageSub = lazyRegexp(`condfs ([a-z]+) ([a-z][a-z-]+)\b`)
+	usageSub = lazyregexp.New(`condfs ([a-z]+) ([a-z][a-z-]+)\b`)
 	// ctl lists its subcommands under "Commands": "  open ID MOUNT ...".
-	listedSub = lazyRegexp(`(?m)^  ([a-z][a-z-]+)(?: |$)`)
+	listedSub = lazyregexp.New(`(?m)^  ([a-z][a-z-]+)(?: |$)`)
 )
 
 // completionTree is read from the commands' own --help, so completion

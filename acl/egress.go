@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -120,7 +121,8 @@ func (s *Secret) Name() string { return s.name }
 // Env is the variable of the run's environment that holds the placeholder.
 func (s *Secret) Env() string { return s.env }
 
-// Hosts lists where the secret may go (names, or "*." patterns).
+// Hosts lists where the secret may go (names, or "*." patterns, each
+// with ":PORT" when it names a port other than 443).
 func (s *Secret) Hosts() []string { return append([]string(nil), s.hosts...) }
 
 // String names the secret, never its value.
@@ -129,14 +131,42 @@ func (s *Secret) String() string { return "secret " + s.name }
 // Value is the value ReadValues read ("" before it).
 func (s *Secret) Value() string { return s.value }
 
-// Lists reports whether host is one of the secret's hosts.
-func (s *Secret) Lists(host string) bool {
-	for _, p := range s.hosts {
-		if hostMatches(p, host) {
+// Lists reports whether host:port is one of the secret's hosts: an entry
+// without a port means HTTPS's, 443; "NAME:PORT" that port only (a
+// request's port is decided with its host, and a secret for a host's API
+// is not one for whatever else listens there).
+func (s *Secret) Lists(host string, port int) bool {
+	for _, e := range s.hosts {
+		p, pp := secretHostPort(e)
+		if pp == port && hostMatches(p, host) {
 			return true
 		}
 	}
 	return false
+}
+
+// secretHostPort splits a secret's hosts entry into its pattern and port
+// (443 when it names none); the entry was checked by secretHost.
+func secretHostPort(e string) (string, int) {
+	if i := strings.LastIndexByte(e, ':'); i >= 0 {
+		if n, err := strconv.Atoi(e[i+1:]); err == nil {
+			return e[:i], n
+		}
+	}
+	return e, 443
+}
+
+// secretHost checks a secret's hosts entry: a hostPattern, optionally
+// ":PORT" (1 to 65535, in decimal without a leading zero).
+func secretHost(e string) error {
+	if i := strings.LastIndexByte(e, ':'); i >= 0 {
+		n, err := strconv.Atoi(e[i+1:])
+		if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != e[i+1:] {
+			return fmt.Errorf("%q is not a port", e[i+1:])
+		}
+		e = e[:i]
+	}
+	return hostPattern(e)
 }
 
 // Holds reports whether the secret's when holds in atoms (no when: always).
@@ -297,7 +327,7 @@ func (l *loader) secrets(c *Config, prim toml.Primitive) error {
 					return l.failAt(fp, "%s: hosts must not be empty", what)
 				}
 				for _, h := range s.hosts {
-					if err := hostPattern(h); err != nil {
+					if err := secretHost(h); err != nil {
 						return l.failAt(fp, "%s: hosts: %q: %v", what, h, err)
 					}
 				}
@@ -372,8 +402,9 @@ func (l *loader) checkSecretHosts(c *Config) error {
 	for i, s := range c.secrets {
 		for _, h := range s.hosts {
 			ok := false
+			name, _ := secretHostPort(h)
 			for _, p := range c.egress.Inspect() {
-				if covers(p, h) {
+				if covers(p, name) {
 					ok = true
 					break
 				}

@@ -19,7 +19,7 @@ env = "GITHUB_TOKEN"
 when = ["discord:dm"]
 
 [secrets.any]
-hosts = ["x.example.com", "*.a.example.com"]
+hosts = ["x.example.com", "*.a.example.com", "git.a.example.com:8443"]
 value = "env:CONDFS_TEST_SECRET"
 env = "ANY_TOKEN"
 `
@@ -41,11 +41,19 @@ func TestEgressTables(t *testing.T) {
 	}
 	gh := c.Secret("github")
 	dm, _ := cctx.NewSet([]string{"discord:dm"})
-	if gh.Value() != "s3cr3t-value" || !gh.Lists("api.github.com") || gh.Lists("x.example.com") || !gh.Holds(dm) || gh.Holds(cctx.Set{}) {
+	if gh.Value() != "s3cr3t-value" || !gh.Lists("api.github.com", 443) || gh.Lists("x.example.com", 443) || !gh.Holds(dm) || gh.Holds(cctx.Set{}) {
 		t.Errorf("github: %v", gh)
 	}
-	if any := c.Secret("any"); !any.Holds(cctx.Set{}) || !any.Lists("b.a.example.com") || any.Lists("a.example.com") {
+	// An entry without a port means 443 only; NAME:PORT that port only.
+	if gh.Lists("api.github.com", 8443) || gh.Lists("api.github.com", 80) {
+		t.Errorf("github is listed for a port its entry does not mean")
+	}
+	any := c.Secret("any")
+	if !any.Holds(cctx.Set{}) || !any.Lists("b.a.example.com", 443) || any.Lists("a.example.com", 443) {
 		t.Errorf("any: %v", any)
+	}
+	if !any.Lists("git.a.example.com", 8443) || any.Lists("x.example.com", 8443) || any.Lists("git.a.example.com", 9443) {
+		t.Errorf("any: ports")
 	}
 	if strings.Contains(gh.String(), "s3cr3t") {
 		t.Errorf("String shows the value")
@@ -88,6 +96,8 @@ func TestEgressTableErrors(t *testing.T) {
 		{"secret bad when", sec("hosts = [\"api.test\"]\nvalue = \"env:X\"\nenv = \"T\"\nwhen = \"nowhere\"\n"), "8:"},
 		{"secret mode without when", sec("hosts = [\"api.test\"]\nvalue = \"env:X\"\nenv = \"T\"\nmode = \"and\"\n"), "4:"},
 		{"two secrets, one env", sec("hosts = [\"api.test\"]\nvalue = \"env:X\"\nenv = \"T\"\n[secrets.t]\nhosts = [\"api.test\"]\nvalue = \"env:X\"\nenv = \"T\"\n"), "11:"},
+		{"secret host with a bad port", sec("hosts = [\"api.test:0443\"]\nvalue = \"env:X\"\nenv = \"T\"\n"), "5:"},
+		{"secret host with port 0", sec("hosts = [\"api.test:0\"]\nvalue = \"env:X\"\nenv = \"T\"\n"), "5:"},
 		{"secret bad name", "[egress]\ninspect = [\"api.test\"]\n[secrets.\"a b\"]\nhosts = [\"api.test\"]\nvalue = \"env:X\"\nenv = \"T\"\n", "3:"},
 	}
 	for _, c := range cases {

@@ -11,6 +11,8 @@ import (
 	"crypto/x509"
 	"encoding/base32"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -71,13 +73,13 @@ func (d *Daemon) inspection(s *session, ca *egress.Authority) *egress.Inspection
 		Authority: ca,
 		Inspected: func(host string) bool { return d.conditions.Load().Egress().Inspected(host) },
 		Roots:     d.upstreamRoots,
-		Secret: func(name, host string) (string, string) {
+		Secret: func(name, host string, port int) (string, string) {
 			sec := d.conditions.Load().Secret(name)
 			switch {
 			case sec == nil:
 				return "", "the config has no such secret now"
-			case !sec.Lists(host):
-				return "", "the secret does not list " + host
+			case !sec.Lists(host, port):
+				return "", "the secret does not list " + net.JoinHostPort(host, strconv.Itoa(port))
 			case !sec.Holds(s.view.Context()):
 				return "", "the secret's when does not hold in the session's context"
 			}

@@ -47,10 +47,11 @@ type Inspection struct {
 	// Roots verifies servers (the host's roots and upstream_ca), as the
 	// config is now; nil: the system's.
 	Roots func() *x509.CertPool
-	// Secret is the value of secret name for a request to host, when the
-	// secret lists host and its when holds in the session's context now;
-	// otherwise why not. nil: no secret is ever put in.
-	Secret func(name, host string) (value, why string)
+	// Secret is the value of secret name for a request to host:port,
+	// when the secret lists host:port and its when holds in the
+	// session's context now; otherwise why not. nil: no secret is ever
+	// put in.
+	Secret func(name, host string, port int) (value, why string)
 }
 
 // tlsRefusal begins why a server was refused after its TLS handshake.
@@ -224,7 +225,7 @@ func (g *Gateway) secretsIn(req *http.Request, r Request) (injected, string) {
 			return in, leakWhy(name, "in the request line")
 		}
 	}
-	var secret func(name, host string) (string, string)
+	var secret func(name, host string, port int) (string, string)
 	if g.cfg.Inspect != nil {
 		secret = g.cfg.Inspect.Secret
 	}
@@ -254,7 +255,7 @@ func (g *Gateway) secretsIn(req *http.Request, r Request) (injected, string) {
 				case secret == nil:
 					return in, leakWhy(name, "in a request to "+r.Host+": no secret is served")
 				}
-				val, why := secret(name, r.Host)
+				val, why := secret(name, r.Host, r.Port)
 				if why != "" {
 					return in, leakWhy(name, "in a request to "+r.Host+": "+why)
 				}
@@ -393,7 +394,7 @@ func (b *bodyScan) Read(p []byte) (int, error) {
 			if bytes.Contains(buf, []byte(ph)) {
 				why := "in a body"
 				if secret := b.g.cfg.Inspect; b.r.Protocol == "https" && secret != nil && secret.Secret != nil {
-					if _, w := secret.Secret(name, b.r.Host); w == "" {
+					if _, w := secret.Secret(name, b.r.Host, b.r.Port); w == "" {
 						continue // a listed host may be sent the placeholder itself
 					}
 				}

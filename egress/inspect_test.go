@@ -20,8 +20,8 @@ const testPH = "condfs-secret-gh-abcdefghijklmnopqrstuvwx"
 // secretGateway is a gateway whose run holds the placeholder of secret gh,
 // which goes to api.test only.
 func secretGateway() *Gateway {
-	g := &Gateway{cfg: Config{Inspect: &Inspection{Secret: func(name, host string) (string, string) {
-		if name == "gh" && host == "api.test" {
+	g := &Gateway{cfg: Config{Inspect: &Inspection{Secret: func(name, host string, port int) (string, string) {
+		if name == "gh" && host == "api.test" && port == 443 {
 			return "VALUE", ""
 		}
 		return "", "the secret does not list " + host
@@ -39,13 +39,14 @@ func TestSecretsIn(t *testing.T) {
 		leak                 bool
 		want                 string // the Authorization header after
 	}{
-		{"a header value to the listed host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "api.test", Protocol: "https", Method: "GET", Path: "/x"}, false, "Bearer VALUE"},
-		{"twice in one value", "GET", "/x", map[string]string{"Authorization": testPH + ":" + testPH}, Request{Host: "api.test", Protocol: "https", Method: "GET", Path: "/x"}, false, "VALUE:VALUE"},
-		{"another host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "evil.test", Protocol: "https", Method: "GET", Path: "/x"}, true, ""},
-		{"plain HTTP to the listed host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "api.test", Protocol: "http", Method: "GET", Path: "/x"}, true, ""},
-		{"the request line", "GET", "/x?t=" + testPH, nil, Request{Host: "api.test", Protocol: "https", Method: "GET", Path: "/x?t=" + testPH}, true, ""},
-		{"the decoded path", "GET", "/%63" + testPH[1:], nil, Request{Host: "api.test", Protocol: "https", Method: "GET", Path: "/" + testPH}, true, ""},
-		{"a header name", "GET", "/x", map[string]string{"X-" + testPH: "1"}, Request{Host: "api.test", Protocol: "https", Method: "GET", Path: "/x"}, true, ""},
+		{"a header value to the listed host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "api.test", Port: 443, Protocol: "https", Method: "GET", Path: "/x"}, false, "Bearer VALUE"},
+		{"twice in one value", "GET", "/x", map[string]string{"Authorization": testPH + ":" + testPH}, Request{Host: "api.test", Port: 443, Protocol: "https", Method: "GET", Path: "/x"}, false, "VALUE:VALUE"},
+		{"another host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "evil.test", Port: 443, Protocol: "https", Method: "GET", Path: "/x"}, true, ""},
+		{"another port of the listed host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "api.test", Port: 8443, Protocol: "https", Method: "GET", Path: "/x"}, true, ""},
+		{"plain HTTP to the listed host", "GET", "/x", map[string]string{"Authorization": "Bearer " + testPH}, Request{Host: "api.test", Port: 443, Protocol: "http", Method: "GET", Path: "/x"}, true, ""},
+		{"the request line", "GET", "/x?t=" + testPH, nil, Request{Host: "api.test", Port: 443, Protocol: "https", Method: "GET", Path: "/x?t=" + testPH}, true, ""},
+		{"the decoded path", "GET", "/%63" + testPH[1:], nil, Request{Host: "api.test", Port: 443, Protocol: "https", Method: "GET", Path: "/" + testPH}, true, ""},
+		{"a header name", "GET", "/x", map[string]string{"X-" + testPH: "1"}, Request{Host: "api.test", Port: 443, Protocol: "https", Method: "GET", Path: "/x"}, true, ""},
 		{"none", "GET", "/x", map[string]string{"Authorization": "Bearer other"}, Request{Host: "evil.test", Protocol: "https", Method: "GET", Path: "/x"}, false, "Bearer other"},
 	}
 	for _, c := range cases {

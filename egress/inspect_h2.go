@@ -24,9 +24,10 @@ import (
 //
 // Toward the server the gateway speaks HTTP/1.1 only, one request at a
 // time per upstream connection: each request is written again by the one
-// writer the gateway has (Request.Write), and an upstream connection
-// carries requests decided in one context only, which a multiplexed HTTP/2
-// connection of streams decided at different moments would not. Streams in
+// writer the gateway has (forward, with http.Request's Write), and an
+// upstream connection carries requests decided in one context only, which
+// a multiplexed HTTP/2 connection of streams decided at different moments
+// would not. Streams in
 // flight take an upstream connection each (at most h2Streams).
 //
 // Fail-closed choices: CONNECT, extended CONNECT included, is refused

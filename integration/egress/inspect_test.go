@@ -29,7 +29,8 @@ func TestInspectRequests(t *testing.T) {
 	d := ih.d
 	curl := func(args ...string) string {
 		t.Helper()
-		out, _ := testenv.CondfsRun(t, d, "", append([]string{"--", "curl", "-sS", "-i", "--max-time", "10"}, args...)...)
+		// HTTP/1.1 unless a case asks for HTTP/2 (inspect_h2_test.go has those).
+		out, _ := testenv.CondfsRun(t, d, "", append([]string{"--", "curl", "-sS", "-i", "--http1.1", "--max-time", "10"}, args...)...)
 		noValue(t, "curl's output", out)
 		return out
 	}
@@ -162,7 +163,7 @@ func TestInspectSecrets(t *testing.T) {
 		noValue(t, "the run's output", out)
 		return out
 	}
-	const c = `curl -sS -i --max-time 10 `
+	const c = `curl -sS -i --http1.1 --max-time 10 `
 	out := run(`echo "env=$GH_TOKEN"; ` + c + `-H "Authorization: Bearer $GH_TOKEN" https://api.test/with-secret`)
 	if !strings.Contains(out, "env=condfs-secret-gh-") || !strings.Contains(out, "seen api.test GET /with-secret auth=ok") {
 		t.Errorf("the secret was not put into a request to its host:\n%s", out)
@@ -381,7 +382,7 @@ func TestInspectUnprivilegedDaemon(t *testing.T) {
 		noValue(t, "the run's output", string(out))
 		return string(out)
 	}
-	const c = `curl -sS -i --max-time 10 `
+	const c = `curl -sS -i --http1.1 --max-time 10 `
 	for _, tc := range []struct{ script, want string }{
 		{c + `https://api.test/u1`, "seen api.test GET /u1 auth=none"},
 		{c + `--noproxy '*' -H "Authorization: Bearer $GH_TOKEN" https://api.test/u2`, "seen api.test GET /u2 auth=ok"},
@@ -556,7 +557,7 @@ func TestInspectPlaceholderOfCommandBefore(t *testing.T) {
 	if !strings.HasPrefix(old, "condfs-secret-gh-") {
 		t.Fatalf("the first command's placeholder: %q", old)
 	}
-	out, _ := testenv.CondfsRun(t, ih.d, "", "--", "sh", "-c", `curl -sS -i --max-time 10 -H "Authorization: Bearer `+old+`" https://api.test/stale; curl -sS -i --max-time 10 -H "Authorization: Bearer $GH_TOKEN" https://api.test/current`)
+	out, _ := testenv.CondfsRun(t, ih.d, "", "--", "sh", "-c", `curl -sS -i --http1.1 --max-time 10 -H "Authorization: Bearer `+old+`" https://api.test/stale; curl -sS -i --http1.1 --max-time 10 -H "Authorization: Bearer $GH_TOKEN" https://api.test/current`)
 	noValue(t, "the run's output", out)
 	seen := ih.srv.saw()
 	if strings.Contains(seen, "/stale auth=ok") {

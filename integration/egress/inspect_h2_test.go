@@ -1,4 +1,4 @@
-package integration
+package egress
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/condfs/condfs/internal/testenv"
 )
 
 // HTTP/2 on inspected connections (docs/sandbox.md, "Inspected HTTPS"):
@@ -89,13 +91,13 @@ func h2Post(name, path, body string, extra ...string) h2Req {
 
 // h2Run runs h2Client in the run with reqs and returns each request's
 // answer by name.
-func h2Run(t *testing.T, d *daemon, reqs []h2Req) (map[string]string, string) {
+func h2Run(t *testing.T, d *testenv.Daemon, reqs []h2Req) (map[string]string, string) {
 	t.Helper()
 	js, err := json.Marshal(reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, _ := condfsRun(t, d, "", "--", "node", "--jitless", "-e", h2Client, string(js))
+	out, _ := testenv.CondfsRun(t, d, "", "--", "node", "--jitless", "-e", h2Client, string(js))
 	noValue(t, "the run's output", out)
 	got := map[string]string{}
 	for _, l := range strings.Split(out, "\n") {
@@ -104,7 +106,7 @@ func h2Run(t *testing.T, d *daemon, reqs []h2Req) (map[string]string, string) {
 		}
 	}
 	if len(got) != len(reqs) {
-		t.Fatalf("the run answered %d of %d requests:\n%s\n%s", len(got), len(reqs), out, tail(d.log(), 30))
+		t.Fatalf("the run answered %d of %d requests:\n%s\n%s", len(got), len(reqs), out, testenv.Tail(d.Log(), 30))
 	}
 	return got, out
 }
@@ -117,7 +119,7 @@ func TestInspectH2Requests(t *testing.T) {
 	d := ih.d
 	curl := func(args ...string) string {
 		t.Helper()
-		out, _ := condfsRun(t, d, "", append([]string{"--", "curl", "-sS", "-i", "--http2", "--max-time", "10", "--noproxy", "*"}, args...)...)
+		out, _ := testenv.CondfsRun(t, d, "", append([]string{"--", "curl", "-sS", "-i", "--http2", "--max-time", "10", "--noproxy", "*"}, args...)...)
 		noValue(t, "curl's output", out)
 		return out
 	}
@@ -140,7 +142,7 @@ func TestInspectH2Requests(t *testing.T) {
 			t.Errorf("%s: %q not in\n%s", c.name, c.want, out)
 		}
 	}
-	logs := d.log()
+	logs := d.Log()
 	for _, want := range []string{
 		`"host":"api.test","port":443,"protocol":"https","method":"GET","path":"/a/c?x=1","addr":"` + inspectSrv + `","decision":"allow"`,
 		`"host":"api.test","port":443,"protocol":"https","method":"GET","path":"/private/two","decision":"deny"`,
@@ -158,7 +160,7 @@ func TestInspectH2Requests(t *testing.T) {
 		t.Errorf("the allowed request before a refused one was not served:\n%s", seen)
 	}
 	if t.Failed() {
-		t.Log(tail(logs, 40))
+		t.Log(testenv.Tail(logs, 40))
 	}
 }
 
@@ -194,7 +196,7 @@ for t in sys.argv[1:]:
         got += b
     print(t, "=>", got.split(b"\r\n")[0].decode().split(" ")[1], flush=True)
 `
-	plain, _ := condfsRun(t, ih.d, "", append([]string{"--", "python3", "-c", code}, targets...)...)
+	plain, _ := testenv.CondfsRun(t, ih.d, "", append([]string{"--", "python3", "-c", code}, targets...)...)
 	want := map[string]string{}
 	for _, l := range strings.Split(plain, "\n") {
 		if tg, st, ok := strings.Cut(l, " => "); ok {
@@ -267,7 +269,7 @@ func TestInspectH2Secrets(t *testing.T) {
 			t.Errorf("HOLE: the server read a refused request: %s", l)
 		}
 	}
-	logs := d.log()
+	logs := d.Log()
 	noValue(t, "the daemon's log", logs)
 	noValue(t, "what the server read of the refused requests", strings.ReplaceAll(seen, "auth=ok", ""))
 	for _, want := range []string{"leak attempt: the placeholder of secret gh in the request line or its host", "leak attempt: the placeholder of secret gh in a header name", `"refused":"request trailers are not forwarded"`} {
@@ -276,12 +278,12 @@ func TestInspectH2Secrets(t *testing.T) {
 		}
 	}
 	// Out of the DM the secret's when does not hold.
-	d.setContext("s", guildCtx)
+	d.SetContext("s", testenv.Guild)
 	if g, o := h2Run(t, d, []h2Req{h2Get("guild", "/leak-guild", "authorization", "Bearer $TOK")}); !strings.HasPrefix(g["guild"], "403") {
 		t.Errorf("the secret went out of its context:\n%s", o)
 	}
 	if t.Failed() {
-		t.Log(out, tout, "\n", seen, "\n", tail(logs, 40))
+		t.Log(out, tout, "\n", seen, "\n", testenv.Tail(logs, 40))
 	}
 }
 
@@ -327,7 +329,7 @@ print("alpn", s.selected_alpn_protocol())
 s.sendall(b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00")
 print("read", s.recv(200))
 `
-	if o, _ := condfsRun(t, ih.d, "", "--", "python3", "-c", inner); !strings.Contains(o, "alpn h2") || strings.Contains(o, "seen") {
+	if o, _ := testenv.CondfsRun(t, ih.d, "", "--", "python3", "-c", inner); !strings.Contains(o, "alpn h2") || strings.Contains(o, "seen") {
 		t.Errorf("a TLS record in place of the HTTP/2 preface: %s", o)
 	}
 	seen := ih.srv.saw()
@@ -335,7 +337,7 @@ print("read", s.recv(200))
 		t.Errorf("HOLE: the server read what was refused:\n%s", seen)
 	}
 	if t.Failed() {
-		t.Log(out, "\n", tail(ih.d.log(), 30))
+		t.Log(out, "\n", testenv.Tail(ih.d.Log(), 30))
 	}
 }
 
@@ -348,10 +350,10 @@ print("read", s.recv(200))
 func TestInspectUpstreamBoundToContext(t *testing.T) {
 	ih := newInspectHome(t)
 	d := ih.d
-	d.home.write("config/policy.yaml", inspectPolicy+`          - not startswith(args.path, "/dm/") or when("discord:dm")
+	d.Home.Write("config/policy.yaml", inspectPolicy+`          - not startswith(args.path, "/dm/") or when("discord:dm")
           - not startswith(args.path, "/guild/") or when("!discord:dm")
 `)
-	d.call("config.reload", map[string]any{}, nil)
+	d.Call("config.reload", map[string]any{}, nil)
 	h1 := `import http.client, time
 c, n, end = None, 0, time.time() + 8
 while time.time() < end:
@@ -387,14 +389,14 @@ const get = p => new Promise(res => {
 	var outs [2]string
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); outs[0], _ = condfsRun(t, d, "", "--", "python3", "-c", h1) }()
-	go func() { defer wg.Done(); outs[1], _ = condfsRun(t, d, "", "--", "node", "--jitless", "-e", h2) }()
+	go func() { defer wg.Done(); outs[0], _ = testenv.CondfsRun(t, d, "", "--", "python3", "-c", h1) }()
+	go func() { defer wg.Done(); outs[1], _ = testenv.CondfsRun(t, d, "", "--", "node", "--jitless", "-e", h2) }()
 	stop := time.Now().Add(9 * time.Second)
 	for i := 0; time.Now().Before(stop); i++ {
 		if i%2 == 0 {
-			d.setContext("s", guildCtx)
+			d.SetContext("s", testenv.Guild)
 		} else {
-			d.setContext("s", dmCtx)
+			d.SetContext("s", testenv.DM)
 		}
 		time.Sleep(time.Duration(20+i%7*10) * time.Millisecond)
 	}

@@ -393,7 +393,9 @@ func (l *Layer) Renamed(space, from, to string, exchange bool) {
 		}
 	}
 	before := l.used.Load()
-	l.measure(space, sp.upperFD, "/")
+	// As the daemon: the thread acts as the caller, who may not search
+	// every directory of the layer (one it made 000 still holds bytes).
+	asDaemon(func() error { l.measure(space, sp.upperFD, "/"); return nil })
 	if l.opts.Shared != nil {
 		l.opts.Shared.Add(l.used.Load() - before)
 	}
@@ -416,7 +418,9 @@ func (l *Layer) After(space, p string) {
 	}
 	var st unix.Stat_t
 	var n int64
-	if lstatBeneath(sp.upperFD, p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+	// As the daemon (see Renamed): a file the caller cannot stat in the
+	// layer still counts.
+	if asDaemon(func() error { return lstatBeneath(sp.upperFD, p, &st) }) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 		n = st.Size
 	}
 	l.setSize(key{space, p}, n)

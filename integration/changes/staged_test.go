@@ -444,3 +444,15 @@ func TestStagedRunChangesEachKindHeldThenCommitted(t *testing.T) {
 		t.Fatalf("the backing tree after commit:\n%s\nthe staged view before it:\n%s", got, view)
 	}
 }
+
+// TestStagedMaxBytesCountsWhatTheCallerCannotSearch: bytes in a directory
+// of the layer the caller made unsearchable (and then renamed, which
+// recounts the layer) still count against max_bytes.
+func TestStagedMaxBytesCountsWhatTheCallerCannotSearch(t *testing.T) {
+	_, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"4KiB\"\n", nil)
+	testenv.ShAsNobody(t, mnt+"/workspace", `mkdir x && head -c 3072 /dev/zero > x/big && chmod 000 x && mv x y && head -c 3072 /dev/zero > z`)
+	out, _ := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
+	if !strings.Contains(string(out), "No space left") {
+		t.Fatalf("a change beyond max_bytes, the bytes in a 000 directory: %s", out)
+	}
+}

@@ -835,10 +835,69 @@ func (l *Layer) conflict(sp *layerSpace, c staged) string {
 		if cur.Ino != was.Ino || cur.Mode != was.Mode {
 			return "changed in the backing tree since the session staged it"
 		}
-	case cur.Ino != was.Ino || cur.Size != was.Size || cur.Mtime != was.Mtime || cur.Ctime != was.Ctime || cur.Link != was.Link:
+	case changedSince(was, cur):
 		return "changed in the backing tree since the session staged it"
 	}
+	if cur.T == "d" && c.up.T != "d" {
+		return l.madeBelowSince(sp, c.path)
+	}
 	return ""
+}
+
+// changedSince: the backing tree's entry cur is not the one the session
+// saw (was, of the same type).
+func changedSince(was, cur state) bool {
+	if cur.T == "d" {
+		return cur.Ino != was.Ino || cur.Mode != was.Mode
+	}
+	return cur.Ino != was.Ino || cur.Size != was.Size || cur.Mtime != was.Mtime || cur.Ctime != was.Ctime || cur.Link != was.Link
+}
+
+// madeBelowSince says why a backing directory the session removed or
+// replaced cannot go: an entry below it that the session did not see when
+// it removed what was there (each removal through the view noted it), or
+// one changed since. The directory's own inode and mode say nothing of
+// what was made in it, and the commit removes it whole.
+func (l *Layer) madeBelowSince(sp *layerSpace, dir string) string {
+	reason := ""
+	walkBacking(sp.lowerFD, dir, func(p string, cur state, err error) bool {
+		if err != nil {
+			reason = "cannot be read in the backing tree: " + err.Error()
+			return false
+		}
+		l.mu.Lock()
+		was, ok := l.base[key{sp.name, p}]
+		l.mu.Unlock()
+		switch {
+		case !ok || was.T == "n":
+			reason = "made in the backing tree below it since the session staged it: " + p
+		case was.T != cur.T || changedSince(was, cur):
+			reason = "changed in the backing tree below it since the session staged it: " + p
+		}
+		return reason == ""
+	})
+	return reason
+}
+
+// walkBacking calls f for every entry below dir beneath root, parents
+// first, until f answers false; an entry that cannot be listed or stated
+// is given with its error.
+func walkBacking(root int, dir string, f func(p string, cur state, err error) bool) bool {
+	names, err := listDir(root, dir)
+	if err != nil {
+		return f(dir, state{}, err)
+	}
+	for _, name := range names {
+		p := joinPath(dir, name)
+		cur, err := lowerState(root, p)
+		if !f(p, cur, err) {
+			return false
+		}
+		if cur.T == "d" && !walkBacking(root, p, f) {
+			return false
+		}
+	}
+	return true
 }
 
 // notOwners says why a forced commit leaves c: the backing tree has, at
@@ -851,6 +910,19 @@ func (l *Layer) notOwners(sp *layerSpace, c staged) string {
 	}
 	if cur.T != "n" && l.opts.Owner != 0 && cur.UID != l.opts.Owner {
 		return "changed in the backing tree and owned by another uid: not replaced, even with force"
+	}
+	if cur.T == "d" && c.up.T != "d" && l.opts.Owner != 0 {
+		// The commit removes the directory whole.
+		reason := ""
+		walkBacking(sp.lowerFD, c.path, func(p string, cur state, err error) bool {
+			if err != nil {
+				reason = "cannot be read in the backing tree: " + err.Error()
+			} else if cur.UID != l.opts.Owner {
+				reason = "holds what another uid owns (" + p + "): not removed, even with force"
+			}
+			return reason == ""
+		})
+		return reason
 	}
 	return ""
 }

@@ -305,3 +305,42 @@ func TestLayerCommitGivesAFileTheOwnerAndModeOfWhatItCopies(t *testing.T) {
 		t.Fatalf("the session's content committed with uid %d mode %o", st.Uid, st.Mode&0o7777)
 	}
 }
+
+// TestLayerDirectoryRemovalConflictsWithWhatWasMadeInItSince: a staged
+// removal of a directory is a conflict when the backing tree has, below
+// it, an entry made or changed since the session removed what was there
+// (the directory's own inode and mode stay the same); with force, it still
+// never removes what another uid has below it.
+func TestLayerDirectoryRemovalConflictsWithWhatWasMadeInItSince(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		backing, state := layerFixture(t)
+		must(t, exec.Command("chown", "-R", "65534:65534", backing+"/gone").Run())
+		l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true, Owner: 65534})
+		must(t, err)
+		change(t, l, "/gone/sub/x", os.Remove)
+		change(t, l, "/gone/sub", os.Remove)
+		change(t, l, "/gone", os.Remove)
+		must(t, os.WriteFile(backing+"/gone/sub/root.txt", []byte("root's, made since"), 0o600))
+		res, err := l.Commit(nil, force)
+		if err != nil || res.Committed != 0 || len(res.Conflicts) != 1 {
+			t.Errorf("force %v: a removal over what was made since: %+v %v", force, res, err)
+		}
+		if _, err := os.Stat(backing + "/gone/sub/root.txt"); err != nil {
+			t.Errorf("force %v: the file made since was removed: %v", force, err)
+		}
+		l.Remove()
+	}
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/gone/sub/x", os.Remove)
+	change(t, l, "/gone/sub", os.Remove)
+	change(t, l, "/gone", os.Remove)
+	must(t, os.WriteFile(backing+"/gone/sub/x", []byte("changed since"), 0o644))
+	if res, err := l.Commit(nil, false); err != nil || res.Committed != 0 || len(res.Conflicts) != 1 {
+		t.Errorf("a removal over a file changed since: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/gone/sub/x"); string(b) != "changed since" {
+		t.Errorf("the file changed since was removed: %q", b)
+	}
+}

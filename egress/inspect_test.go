@@ -103,7 +103,7 @@ func TestScanBody(t *testing.T) {
 	}
 	for _, c := range cases {
 		req := &http.Request{Method: "POST", Header: http.Header{}, Body: io.NopCloser(bytes.NewReader(c.body)), ContentLength: int64(len(c.body))}
-		b, early := g.scanBody(req, Request{Host: c.host, Protocol: "https", Method: "POST", Path: "/"})
+		b, early := g.scanBody(req, Request{Host: c.host, Port: 443, Protocol: "https", Method: "POST", Path: "/"})
 		if (early != "") != c.early {
 			t.Errorf("%s: early %q", c.name, early)
 			continue

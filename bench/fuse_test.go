@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/condfs/condfs/internal/testenv"
+
 	"github.com/condfs/condfs/control"
 )
 
@@ -124,8 +126,7 @@ func setup() (*fixture, error) {
 	// user who compares condfs with what they could mount themselves.
 	loop := exec.Command(filepath.Join(bin, "loopback"), home, loopDir)
 	if benchUID > 0 {
-		id := fmt.Sprint(benchUID)
-		loop = exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", filepath.Join(bin, "loopback"), home, loopDir)
+		loop = testenv.CommandAs(benchUID, filepath.Join(bin, "loopback"), home, loopDir)
 	}
 	out, _ := loop.StdoutPipe()
 	loop.Stderr = os.Stderr

@@ -10,11 +10,11 @@ import (
 	"time"
 )
 
-// TestClientNeverReadsAnotherCallsAnswer: a call whose answer came too
-// late left it unread on the connection, and the next call read it as its
-// own (the MCP gateway took an allowed call's decision for a denied
-// call's; the eleventh review). A call that fails on the connection now
-// breaks the client, and an answer to another id is refused.
+// TestClientNeverReadsAnotherCallsAnswer: a call whose answer comes too
+// late must not leave it unread on the connection for the next call to
+// read as its own (the MCP gateway would take an allowed call's decision
+// for a denied call's). A call that fails on the connection breaks the
+// client, and an answer to another id is refused.
 func TestClientNeverReadsAnotherCallsAnswer(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "s")
 	l, err := net.Listen("unix", sock)

@@ -88,8 +88,8 @@ func localFS(magic int64) bool {
 // another filesystem mounted on it: any user may mount a FUSE filesystem on
 // a directory of its own (fusermount3 is setuid), and a stat of a
 // mountpoint is answered by the mounted filesystem's server; one that
-// never answered held a daemon thread, its view's listing and every reload
-// after it forever (the eleventh review). AT_STATX_DONT_SYNC answers from
+// never answers would hold a daemon thread, its view's listing and every
+// reload after it forever. AT_STATX_DONT_SYNC answers from
 // what the kernel has, the mount id tells a mountpoint (refused with
 // EXDEV, as openat2 with RESOLVE_NO_XDEV refuses it), and a name of b's
 // own filesystem is stated again, in full, where that has a server.
@@ -168,9 +168,9 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 
 // isAt reports whether rel names the inode st stands for, looked up
 // beneath the root and never across a mount: an lstat of the absolute
-// path crossed a FUSE mount a user made on a directory above a file it
-// named "f (deleted)", and every revocation (each reload, switch and
-// rename) hung on its server (the twelfth review).
+// path would cross a FUSE mount a user made on a directory above a file
+// it named "f (deleted)", and every revocation (each reload, switch and
+// rename) would hang on its server.
 func (b *backing) isAt(rel string, st *unix.Stat_t) bool {
 	fd, err := b.open(rel, unix.O_PATH, 0)
 	if err != nil {

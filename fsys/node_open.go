@@ -356,10 +356,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 // begun to break it) waits for the break without an acting place: open(2)
 // would wait in break_lease for /proc/sys/fs/lease-break-time (45 s)
 // holding the place, and any uid may take a lease on its own files, so 16
-// leased files held every place of the daemon (the eleventh review). A
-// holder that takes a new lease at each break (a blocked open(2) would
-// have kept it from that) is waited for no longer than a break takes:
-// then EAGAIN (the twelfth review).
+// leased files would hold every place of the daemon. A holder that takes
+// a new lease at each break (a blocked open(2) would have kept it from
+// that) is waited for no longer than a break takes: then EAGAIN.
 func (n *node) leased(ctx context.Context, op func() syscall.Errno) syscall.Errno {
 	errno := op()
 	if errno != syscall.EAGAIN {

@@ -11,9 +11,9 @@ import (
 
 // TestReadOnlyLinkedWriterAfterListing: a session links a file under a second
 // name and holds that name open for writing, in a space that lists no path
-// for runs yet; then a reload lists the first name. Found by the fourth
-// attacker review: the session removed its own name (not listed) and wrote
-// through the held handle, whose decision nothing changed; once closed,
+// for runs yet; then a reload lists the first name. The threat: the
+// session removes its own name (not listed) and writes through the held
+// handle, whose decision nothing changed; once closed,
 // the listed path (one name again, no longer hidden) showed and ran the
 // writer's bytes. A space that lists paths for runs now has the hard-link
 // rule: every regular file with two names is hidden there and its

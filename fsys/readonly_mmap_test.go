@@ -14,10 +14,9 @@ import (
 // The reload cuts the writable handle and drops the file's pages; while the
 // writer stays open no handle reads the file, so its pages cannot come
 // back for the held mapping to write without asking the daemon
-// (fuse_page_mkwrite sends nothing). Found by an attacker's review: before,
-// a read-only open brought a page back, the mapping wrote "PWNED" into it,
-// and the view showed (and a run would have executed) the writer's bytes,
-// the backing file unchanged.
+// (fuse_page_mkwrite sends nothing). The threat: a read-only open brings
+// a page back, the mapping writes "PWNED" into it, and the view shows (and
+// a run executes) the writer's bytes, the backing file unchanged.
 func TestReadOnlyMmapAfterListing(t *testing.T) {
 	canMount(t)
 	mem, work, mnt := t.TempDir(), t.TempDir(), t.TempDir()

@@ -36,9 +36,9 @@ func listByReload(t *testing.T, v *View, rules *atomic.Pointer[acl.Config], text
 // write, make, remove, rename onto or out of it, link, attribute change,
 // and no move of a directory holding it; a second name of a file there
 // hides it; a reload that lists a path cuts the files held open for
-// writing there. Reading it, and everything else, stay as they were.
-// (An attacker's review of condfs run wrote and ran its own copy of git
-// from a listed directory before this.)
+// writing there. Reading it, and everything else, stay as they were: an
+// agent must not write and run its own copy of git from a listed
+// directory.
 func TestReadOnlyExecListed(t *testing.T) {
 	canMount(t)
 	mem, work, mnt := t.TempDir(), t.TempDir(), t.TempDir()

@@ -399,9 +399,9 @@ func (v *View) revokeWhere(sel func(*fileHandle) bool) {
 // on filesystem dev after a rename there, each by the path its descriptor
 // has now. Not only those whose last known path the rename moved: that
 // path can be stale (a rename on the backing since, or a concurrent rename
-// of a parent between this rename's decision and its renameat2), and an
-// attacker's review kept reading and writing a file moved into a denied
-// directory both ways (integration/views/rename_test.go).
+// of a parent between this rename's decision and its renameat2), and a
+// file moved into a denied directory either way must stop being read and
+// written through handles held open (integration/views/rename_test.go).
 func (h *Host) revokeMoved(dev uint64) {
 	h.threads.unpin() // the daemon's credentials: the thread may keep a caller's
 	for _, v := range h.each() {

@@ -273,7 +273,7 @@ func TestSymlinksAndHardLinks(t *testing.T) {
 		t.Errorf("notes lists %v", names)
 	}
 	// Creating over the hidden second name of a protected file never
-	// opens it (attack 1: O_CREAT without O_EXCL).
+	// opens it (O_CREAT without O_EXCL).
 	_, fh, _, errno := notes.Create(ctx, "alias", syscall.O_RDWR, 0o600, &out)
 	f.wantErrno("O_CREAT on a hidden hard link", errno, syscall.EACCES)
 	if fh != nil {
@@ -340,7 +340,7 @@ action = "allow"
 	f.write("file.md", "f")
 	ctx := context.Background()
 	mem := f.node("memories")
-	// Attack 5: exchanging an unruled directory with one holding a ruled
+	// Exchanging an unruled directory with one holding a ruled
 	// path would carry the denied file out from under its rule.
 	f.wantErrno("RENAME_EXCHANGE open <-> box", mem.Rename(ctx, "open", mem, "box", unix.RENAME_EXCHANGE), syscall.EACCES)
 	f.wantErrno("RENAME_EXCHANGE box <-> open", mem.Rename(ctx, "box", mem, "open", unix.RENAME_EXCHANGE), syscall.EACCES)
@@ -359,7 +359,7 @@ func TestNodeReachesOnlyItsOwnInode(t *testing.T) {
 	f.write("a.md", "mine")
 	ctx := context.Background()
 	a := f.node("memories", "a.md")
-	// Attack 3: another file renamed onto the cached name.
+	// Another file renamed onto the cached name is not what was cached.
 	f.write("other.md", "not yours")
 	if err := os.Rename(filepath.Join(f.mem, "other.md"), filepath.Join(f.mem, "a.md")); err != nil {
 		t.Fatal(err)
@@ -491,7 +491,7 @@ func TestReleasedHandleDecidesNothing(t *testing.T) {
 }
 
 func TestHandleFollowsRenamesOutOfItsRule(t *testing.T) {
-	// Attack 6: an unruled file opened read-write, renamed under a rule
+	// An unruled file opened read-write, renamed under a rule
 	// through another view, then denied.
 	f := newFixture(t, testRules, guild)
 	f.write("plain.md", "v1")

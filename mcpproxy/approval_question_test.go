@@ -34,7 +34,7 @@ func TestApprovalQuestionQuotesNameEverywhere(t *testing.T) {
 			} `json:"requestedSchema"`
 		} `json:"params"`
 	}
-	line := atkNext(t, g.out, 5*time.Second, "the approval question")
+	line := peerNext(t, g.out, 5*time.Second, "the approval question")
 	if err := json.Unmarshal([]byte(line), &q); err != nil || q.Method != "elicitation/create" {
 		t.Fatalf("expected condfs's question, got %s", line)
 	}

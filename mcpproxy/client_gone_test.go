@@ -64,12 +64,12 @@ func TestGatewayEndsWhenClientCloses(t *testing.T) {
 func TestPendingApprovalDeniedWhenClientCloses(t *testing.T) {
 	g := startGateway(t, serve(t), nil, "--grace", "300ms")
 	g.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ask","arguments":{}}}`)
-	if q := atkNext(t, g.out, 5*time.Second, "the approval question"); !strings.Contains(q, "elicitation/create") {
+	if q := peerNext(t, g.out, 5*time.Second, "the approval question"); !strings.Contains(q, "elicitation/create") {
 		t.Fatalf("expected condfs's question, got %s", q)
 	}
 	start := time.Now()
 	g.in.Close()
-	if got := atkNext(t, g.out, 5*time.Second, "the call's answer"); !strings.Contains(got, `"id":1`) || !strings.Contains(got, "client is gone") {
+	if got := peerNext(t, g.out, 5*time.Second, "the call's answer"); !strings.Contains(got, `"id":1`) || !strings.Contains(got, "client is gone") {
 		t.Errorf("the pending call was answered %s", got)
 	}
 	if !g.exited(5 * time.Second) {
@@ -127,7 +127,7 @@ func TestApprovalsInFlightBounded(t *testing.T) {
 // once the server's output ends Run returns with no goroutine of its left.
 func TestRunEndsItsGoroutinesWhenClientGoes(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	dec := &atkDecider{}
+	dec := &scriptedDecider{}
 	dec.set(func(string) string { return "approval_required" })
 	cr, cw := io.Pipe()
 	or, ow := io.Pipe()
@@ -139,15 +139,15 @@ func TestRunEndsItsGoroutinesWhenClientGoes(t *testing.T) {
 		done <- mcpproxy.Run(context.Background(), mcpproxy.Options{Decider: dec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			ApprovalTimeout: time.Hour, ClientGone: func() { close(gone) }}, cr, ow, sw, tr)
 	}()
-	out, in := atkLines(or), atkLines(sr)
-	r := &atkRig{t: t, clientIn: cw, clientOut: out, serverIn: in, serverOut: tw}
+	out, in := peerLines(or), peerLines(sr)
+	r := &proxyRig{t: t, clientIn: cw, clientOut: out, serverIn: in, serverOut: tw}
 	r.handshake()
 	r.client(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{}}}`)
-	if q := atkNext(t, out, 5*time.Second, "the question"); !strings.Contains(q, "elicitation/create") {
+	if q := peerNext(t, out, 5*time.Second, "the question"); !strings.Contains(q, "elicitation/create") {
 		t.Fatalf("expected condfs's question, got %s", q)
 	}
 	cw.Close()
-	if got := atkNext(t, out, 5*time.Second, "the call's answer"); !strings.Contains(got, "client is gone") {
+	if got := peerNext(t, out, 5*time.Second, "the call's answer"); !strings.Contains(got, "client is gone") {
 		t.Errorf("the pending call was answered %s", got)
 	}
 	select {
@@ -176,7 +176,7 @@ func TestRunEndsItsGoroutinesWhenClientGoes(t *testing.T) {
 // input open: ClientGone is called within DecideTimeout and a second.
 func TestClientGoneWhileNotReading(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	dec := &atkDecider{}
+	dec := &scriptedDecider{}
 	dec.set(func(string) string { return "deny" })
 	cr, cw := io.Pipe()
 	or, ow := io.Pipe() // unbuffered: every write to the client waits for a read
@@ -188,7 +188,7 @@ func TestClientGoneWhileNotReading(t *testing.T) {
 		done <- mcpproxy.Run(context.Background(), mcpproxy.Options{Decider: dec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			DecideTimeout: 200 * time.Millisecond, ClientGone: func() { close(gone) }}, cr, ow, sw, tr)
 	}()
-	in := atkLines(sr)
+	in := peerLines(sr)
 	io.WriteString(cw, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"secret","arguments":{}}}`+"\n")
 	cw.Close()
 	select {
@@ -197,7 +197,7 @@ func TestClientGoneWhileNotReading(t *testing.T) {
 		t.Error("the client is gone, not reading, and the server's input is still open")
 	}
 	// Read what the client was sent; the server ends.
-	out := atkLines(or)
+	out := peerLines(or)
 	for range in {
 	}
 	tw.Close()

@@ -668,8 +668,8 @@ func unaskable(name string, args []byte) string {
 // MaxApprovalArgs bounds the arguments of a call the user is asked to
 // approve: the question shows them whole, and a longer call is denied.
 // maxApprovalName bounds its tool name, shown quoted (a server names its
-// tools: one named with a fake question, newlines and padding pushed the
-// real arguments out of sight; the twelfth review).
+// tools: one named with a fake question, newlines and padding would push
+// the real arguments out of sight).
 const (
 	MaxApprovalArgs = 8 << 10
 	maxApprovalName = 256

@@ -113,7 +113,7 @@ func startGateway(t *testing.T, sock string, env []string, flags ...string) *gat
 	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	g.out = atkLines(outp)
+	g.out = peerLines(outp)
 	go func() { g.cmd.Wait(); close(g.done) }()
 	t.Cleanup(func() {
 		g.in.Close()
@@ -126,7 +126,7 @@ func startGateway(t *testing.T, sock string, env []string, flags ...string) *gat
 		}
 	})
 	g.send(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"elicitation":{}},"clientInfo":{"name":"c","version":"1"}}}`)
-	atkNext(t, g.out, 10*time.Second, "initialize")
+	peerNext(t, g.out, 10*time.Second, "initialize")
 	g.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 	return g
 }

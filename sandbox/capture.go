@@ -137,7 +137,7 @@ func captureSocket(typ int) (int, error) {
 // (the rewritten flows all end at CaptureAddr), where a program sending
 // from addresses of 127/8 as well made the run's namespace track a flow
 // per address and port, up to the host's nf_conntrack_max (229,162 in
-// 15 s in an attacker's review, 56 MB of kernel memory).
+// 15 s, 56 MB of kernel memory).
 func captureRules(run [4]byte) error {
 	c, err := nftables.New()
 	if err != nil {

@@ -3,10 +3,11 @@ package sandbox
 import (
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/condfs/condfs/internal/testenv"
 )
 
 // TestUserNS runs this package's tests again as uid 65534 through setpriv: an
@@ -40,7 +41,7 @@ func TestUserNS(t *testing.T) {
 	if err := os.Chown(tmp, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin,
+	cmd := testenv.CommandAs(testenv.Nobody, bin,
 		"-test.run=^Test", "-test.count=1", "-test.v")
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp}
 	cmd.Dir = tmp

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// anonExecELF is an attacker's review's ELF (824 bytes, built with as and a
+// anonExecELF is a hostile ELF (824 bytes, built with as and a
 // small Python wrapper; kept as text, the repository tracks no binary): one
 // read-write segment from the file and one read-write-execute segment with
 // no file bytes, which ld.so maps anonymous; R_X86_64_64 relocations against
@@ -55,12 +55,12 @@ var anonExecPreload = "7f454c4602010100000000000000000003003e0001000000000001000
 	"000001000000000007000000000000009001000000000000080000000000000008010000000000000900000000000000" +
 	"180000000000000000000000000000000000000000000000"
 
-// TestAttackAnonymousExec: code written into memory by the ELF interpreter
+// TestAnonymousExecRefused: code written into memory by the ELF interpreter
 // does not run (seccomp refuses executable memory that is anonymous or
 // writable, and mprotect to executable). Before the W^X rules, both
 // "ld.so /workspace/e" and "LD_PRELOAD=/workspace/p true" printed
 // "ARBITRARY NATIVE CODE RAN" with only /bin/sh and true allowed.
-func TestAttackAnonymousExec(t *testing.T) {
+func TestAnonymousExecRefused(t *testing.T) {
 	spec := testSpec(t, "")
 	for name, h := range map[string]string{"e": anonExecELF, "p": anonExecPreload} {
 		b, err := hex.DecodeString(h)

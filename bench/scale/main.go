@@ -28,6 +28,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/condfs/condfs/internal/testenv"
+
 	"github.com/condfs/condfs/control"
 )
 
@@ -82,7 +84,7 @@ func run(n int, conns string, keep bool, nofile int) error {
 	sock := filepath.Join(tmp, "run/condfs.sock")
 	args := []string{bin, "serve", "--root", home, "--socket", sock, "--log-level", "error", "--connections", conns}
 	if nofile > 0 {
-		args = append([]string{"prlimit", fmt.Sprintf("--nofile=%d:%d", nofile, nofile), "setpriv", "--bounding-set=-sys_resource", "--"}, args...)
+		args = append(testenv.NofileLimit(nofile), args...)
 	} else {
 		args = append(args, "--state-dir", "none", "--max-sessions", strconv.Itoa(n+10))
 	}

@@ -103,7 +103,7 @@ func TestClaudeCodeHook(t *testing.T) {
 		{"webfetch-acme.json", "allow", "allowed"},
 		{"webfetch-evil.json", "deny", "matches(args.url"},
 		// Grep prints the lines it matches, of any path it is given: the
-		// example allowed it unconstrained (the eleventh review).
+		// example constrains its path.
 		{"grep-outside.json", "deny", "startswith(args.path"},
 		{"grep-no-path.json", "deny", "args.path"},
 		{"grep-dotdot.json", "deny", "startswith(args.path"},

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -341,7 +340,7 @@ func TestChangesDiffShowsOnlyWhatTheOwnerMayRead(t *testing.T) {
 	if strings.Contains(out, "ROOT-ONLY-SECRET") {
 		t.Fatalf("changes.diff showed the session's owner a file it may not read:\n%s", out)
 	}
-	if _, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", filepath.Join(ws, "t.txt")).Output(); err == nil {
+	if _, err := testenv.CommandAs(testenv.Nobody, "cat", filepath.Join(ws, "t.txt")).Output(); err == nil {
 		t.Fatal("the owner could read the file natively: the test shows nothing")
 	}
 }
@@ -368,7 +367,7 @@ func TestChangesForceNeverReplacesAnotherUsersFile(t *testing.T) {
 		}
 	}
 	// The owner's own change outside the view: force restores it.
-	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", "printf outside > "+filepath.Join(ws, "own.txt")).CombinedOutput(); err != nil {
+	if out, err := testenv.CommandAs(testenv.Nobody, "sh", "-c", "printf outside > "+filepath.Join(ws, "own.txt")).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
 	r := testenv.Rollback(d, "s", cp, true)
@@ -457,7 +456,7 @@ func TestChangesRollbackNeverWritesThroughASymlink(t *testing.T) {
 	cp := testenv.Checkpoint(d, "s", "")
 	testenv.ShAsNobody(t, mnt+"/workspace", `printf changed > d/x.txt && printf n > d/new.txt`)
 	// The caller, natively: d becomes a link to a directory it may not write.
-	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+	if out, err := testenv.CommandAs(testenv.Nobody, "sh", "-c",
 		`cd "$1" && mv d d.real && ln -s "$2" d`, "sh", ws, outside).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
@@ -486,7 +485,7 @@ func TestChangesHandleWriteAfterOutsideRenameIsNeverUnrecorded(t *testing.T) {
 	_, say := testenv.ConverseAsNobody(t, "shell2", "-")
 	h := shellAnswer(say("open " + mnt + "/workspace/a.txt"))
 	cp := testenv.Checkpoint(d, "s", "")
-	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "mv", filepath.Join(ws, "a.txt"), filepath.Join(ws, "b.txt")).CombinedOutput(); err != nil {
+	if out, err := testenv.CommandAs(testenv.Nobody, "mv", filepath.Join(ws, "a.txt"), filepath.Join(ws, "b.txt")).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
 	answer := say("write " + h + " ZZ")

@@ -2,7 +2,6 @@ package changes
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -303,7 +302,7 @@ func TestStagedBadInputsChangeNothing(t *testing.T) {
 func TestStagedLayerBoundedByMaxBytes(t *testing.T) {
 	d, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"4KiB\"\n", nil)
 	testenv.ShAsNobody(t, mnt+"/workspace", `head -c 8192 /dev/zero > big`)
-	out, _ := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
+	out, _ := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
 	if !strings.Contains(string(out), "No space left") {
 		t.Fatalf("a change beyond max_bytes: %s", out)
 	}
@@ -361,7 +360,7 @@ func TestStagedRefusedByAnUnprivilegedDaemon(t *testing.T) {
 	os.MkdirAll(h.Path("mnt/v"), 0o755)
 	testenv.ChownTree(t, h.Root, testenv.Nobody)
 	sock := h.Path("run/condfs.sock")
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+	cmd := testenv.CommandAs(testenv.Nobody,
 		testenv.Condfs(), "serve", "--root", h.Root, "--socket", sock)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.Root}
 	if err := cmd.Start(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -144,7 +143,7 @@ func TestSessionlessDenialsCannotHideOthers(t *testing.T) {
 	audit := h.Path("audit.log")
 	d := testenv.Start(t, h, "--allow-uid", "65534", "--socket-mode", "0666", "--audit", audit)
 	os.Chmod(filepath.Dir(d.Socket), 0o755)
-	flood := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", testenv.PyCall+`
+	flood := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", testenv.PyCall+`
 c = conn(sys.argv[1])
 i = 0
 while True:

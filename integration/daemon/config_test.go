@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Class 7: a few MB of nested "[" in conditions.toml overflowed the stack
+// TestHostileConfigRefused: a few MB of nested "[" in conditions.toml overflowed the stack
 // on reload, a 600-byte YAML alias bomb exhausted memory, a FIFO at a config
 // path hung status, and an empty file on reload dropped every rule.
 func TestHostileConfigRefused(t *testing.T) {
@@ -123,7 +123,7 @@ print(call(conn(sys.argv[1]), "config.reload", {}))
 		t.Errorf("uid 65534's config.reload: %s; want -32012 (root and the daemon's uid only)", refused)
 	}
 	base := testenv.PythonAs(t, 1000, 30*time.Second, walk, victim+"/workspace/tree")
-	flood := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", testenv.PyCall+`
+	flood := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", testenv.PyCall+`
 c = conn(sys.argv[1])
 n = 0
 while True:

@@ -347,10 +347,6 @@ func TestHotReload(t *testing.T) {
 // TestPeerCredentials: a client running as another uid is refused before
 // any request is read; --allow-uid lets it in.
 func TestPeerCredentials(t *testing.T) {
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Fatalf("setpriv is needed to connect as another user: %v", err)
-	}
 	h := testenv.NewHome(t, "", "version: 1\n")
 	// The socket directory must be reachable by the other user.
 	os.Chmod(filepath.Dir(h.Root), 0o755)
@@ -359,8 +355,7 @@ func TestPeerCredentials(t *testing.T) {
 	d := testenv.Start(t, h, "--socket-mode", "0666")
 	os.Chmod(filepath.Dir(testenv.Condfs()), 0o755)
 	asNobody := func() string {
-		out, _ := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-			testenv.Condfs(), "ctl", "--socket", d.Socket, "--json", "status").CombinedOutput()
+		out, _ := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "ctl", "--socket", d.Socket, "--json", "status").CombinedOutput()
 		return string(out)
 	}
 	if out := asNobody(); !strings.Contains(out, "uid 65534 may not use this socket") {

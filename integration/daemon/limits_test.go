@@ -3,9 +3,7 @@ package daemon
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +20,7 @@ import (
 func TestSessionDescriptors(t *testing.T) {
 	const n = 2000
 	h := testenv.NewHome(t, "", "version: 1\n")
-	d := testenv.StartUnder(t, h, []string{"prlimit", "--nofile=20000:20000", "setpriv", "--bounding-set=-sys_resource", "--"},
+	d := testenv.StartUnder(t, h, testenv.NofileLimit(20000),
 		"--connections=shared", "--log-level", "error")
 	var st struct {
 		Limits struct {
@@ -68,8 +66,7 @@ func TestOneUidCannotTakeEverySession(t *testing.T) {
 		mnt := h.Path("mnt/" + id)
 		os.MkdirAll(mnt, 0o755)
 		os.Chown(mnt, uid, uid)
-		u := strconv.Itoa(uid)
-		out, err := exec.Command("setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", testenv.Condfs(), "ctl", "--socket", d.Socket,
+		out, err := testenv.CommandAs(uid, testenv.Condfs(), "ctl", "--socket", d.Socket,
 			"open", id, mnt, "--context", "discord:dm").CombinedOutput()
 		return strings.TrimSpace(string(out)), err
 	}
@@ -93,11 +90,11 @@ func TestOneUidCannotTakeEverySession(t *testing.T) {
 	d.Open("root", testenv.DM)
 }
 
-// atk7CloseWhileHeld opens sessions of uid 65534 in turn, holds n files of
+// closeWhileHeld opens sessions of uid 65534 in turn, holds n files of
 // each through its mount, closes the session and then the files; then a
 // fresh session holds up to fresh files. It returns what the fresh one
 // held and how many descriptors the daemon holds more than at the start.
-func atk7CloseWhileHeld(t *testing.T, d *testenv.Daemon, n, fresh int) (got string, leaked int) {
+func closeWhileHeld(t *testing.T, d *testenv.Daemon, n, fresh int) (got string, leaked int) {
 	t.Helper()
 	pid := d.Cmd.Process.Pid
 	base := testenv.FDs(pid)
@@ -126,7 +123,7 @@ func atk7CloseWhileHeld(t *testing.T, d *testenv.Daemon, n, fresh int) (got stri
 // never closed). Repeated, the daemon's room for open files is gone for
 // good: every new view gets ENFILE.
 func TestLostReleasesReturnTheirRoom(t *testing.T) {
-	got, leaked := atk7CloseWhileHeld(t, testenv.LowNofileDaemon(t), 128, 1)
+	got, leaked := closeWhileHeld(t, testenv.LowNofileDaemon(t), 128, 1)
 	if got != "held 1 err none" {
 		t.Errorf("HOLE: after sessions were closed while files of their host mounts were open, a fresh session's first open fails (%s): the lost RELEASEs never gave their descriptors back (giveFile), %d daemon fds leaked", got, leaked)
 	} else if leaked > 64 {
@@ -151,7 +148,7 @@ func TestOneUidCannotTakeEveryViewsRoom(t *testing.T) {
 		mnt := d.Home.Path("mnt/" + id)
 		os.MkdirAll(mnt, 0o755)
 		os.Chown(mnt, testenv.Nobody, testenv.Nobody)
-		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "ctl", "--socket", d.Socket,
+		out, err := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "ctl", "--socket", d.Socket,
 			"open", id, mnt, "--context", "discord:dm").CombinedOutput()
 		if err != nil {
 			t.Fatalf("65534 opens session %s: %v %s", id, err, out)
@@ -176,7 +173,7 @@ func TestOneUidCannotTakeEveryViewsRoom(t *testing.T) {
 // daemon's life: repeated, the uid is at its bound for good.
 func TestLostReleasesReturnTheirRoomPerSession(t *testing.T) {
 	d := testenv.LowNofileDaemon(t, "--connections=per-session")
-	got, leaked := atk7CloseWhileHeld(t, d, 120, 120)
+	got, leaked := closeWhileHeld(t, d, 120, 120)
 	for _, l := range strings.Split(d.Log(), "\n") {
 		if strings.Contains(l, "open files refused") || strings.Contains(l, "detached") {
 			t.Logf("log: %.300s", l)

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Class 4: a uid admitted with --allow-uid used the daemon's mount(2):
+// TestAdmittedUidCannotUseDaemonMount: a uid admitted with --allow-uid used the daemon's mount(2):
 // over root-owned directories, creating directories anywhere, unmounting
 // what a swapped symlink named, and switching or closing others' sessions.
 func TestAdmittedUidCannotUseDaemonMount(t *testing.T) {
@@ -69,7 +69,7 @@ func TestAdmittedUidCannotUseDaemonMount(t *testing.T) {
 	}
 }
 
-// Class 8: a session.open whose mountpoint hangs held the daemon's lock:
+// TestHungMountpointHoldsNoLock: a session.open whose mountpoint hangs held the daemon's lock:
 // every other session's context.set and status hung with it.
 func TestHungMountpointHoldsNoLock(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
@@ -136,7 +136,7 @@ func TestHungMountpointHoldsNoLock(t *testing.T) {
 // are arrays of 10,000 zeros (each within the spec's bounds) was decoded
 // into 70 MB of values, and the control socket's strict check built
 // another tree of 40 times the line: one uid's 120 connections sending
-// them at once took the daemon from 15 MB to 6.6 GB (eleventh review), a
+// them at once would take the daemon from 15 MB to 6.6 GB, a
 // load that would end every session with the daemon. A request's values
 // are now bounded (65,536), the check keeps no tree, and large requests
 // are decoded a few at a time.

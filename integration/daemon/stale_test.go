@@ -59,7 +59,7 @@ func deadMounted(dir string) bool {
 	return false
 }
 
-// Class 9: a refused session.open still unmounted, as root, the dead FUSE
+// TestStaleMountClearedOnlyAfterConfinement: a refused session.open still unmounted, as root, the dead FUSE
 // mount the peer named, in a directory it cannot even enter: the stale
 // mount was cleared before the mountpoint was confined, by a path resolved
 // twice and through symlinks, so a symlink swapped in between could aim the

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,7 +31,7 @@ func TestUnprivilegedDaemon(t *testing.T) {
 			testenv.ChownTree(t, h.Root, testenv.Nobody)
 			sock := h.Path("run/condfs.sock")
 			mnt := h.Path("mnt/v")
-			cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+			cmd := testenv.CommandAs(testenv.Nobody,
 				testenv.Condfs(), "serve", "--root", h.Root, "--socket", sock, "--mount", mnt,
 				"--context", "discord:dm", "--context", "discord:dm:7", "--context", "discord:channel:7", "--log-level", "debug")
 			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.Root}

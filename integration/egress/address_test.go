@@ -62,8 +62,8 @@ for target in ["loop.test:443", "meta.test:80", "api.test:443"]:
 // be refused. A listener of the host, on all its addresses, counts what
 // reaches it.
 func TestEgressSelfAddressFormsRefused(t *testing.T) {
-	n := atk9Net(t)
-	go http.Serve(n.listen(t, atk9Srv+":80"), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	n := recordNet(t)
+	go http.Serve(n.listen(t, upstreamSrv+":80"), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s host=%s", r.Method, r.RequestURI, r.Host)
 	}))
 	hl, err := net.Listen("tcp", "0.0.0.0:8400")
@@ -86,9 +86,9 @@ func TestEgressSelfAddressFormsRefused(t *testing.T) {
 		}
 	}()
 	h := testenv.OpenHome(t, "-")
-	hosts := h.Write("config/hosts", atk9Srv+" web.test\n10.239.0.1 self.test\n127.0.0.1 multi.test\n"+atk9Srv+" multi.test\n"+
+	hosts := h.Write("config/hosts", upstreamSrv+" web.test\n10.239.0.1 self.test\n127.0.0.1 multi.test\n"+upstreamSrv+" multi.test\n"+
 		"::ffff:10.239.0.1 mapped.test\n64:ff9b::aef:1 nat64.test\n0.0.0.0 zero.test\n::ffff:127.0.0.1 mloop.test\n")
-	rules := strings.Replace(atk9Rules(hosts), `reach_private = ["10.239.0.0/24"]`, `reach_private = ["`+atk9Srv+`"]`, 1)
+	rules := strings.Replace(egressRetryRules(hosts), `reach_private = ["10.239.0.0/24"]`, `reach_private = ["`+upstreamSrv+`"]`, 1)
 	h.Write("config/conditions.toml", rules)
 	h.Write("config/policy.yaml", "version: 1\nroles:\n  default:\n    tools:\n      exec: {mode: allow}\n      connect: {mode: allow}\n")
 	os.Chmod(h.Path("workspace"), 0o777)

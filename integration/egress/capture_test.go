@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestEgressCaptureProbesRefused: the third attacker review's probes of the
+// TestEgressCaptureProbesRefused: probes of the
 // kernel capture's corners (all held, on both captures), each a Python
 // program in a run; a line "HOLE ..." in the output is a break: TCP Fast
 // Open, urgent data, the capture's and the run's own addresses, binding

@@ -27,9 +27,9 @@ func TestEgressSwitchCutsKeptSandboxConnections(t *testing.T) {
 	}
 	// The control: while the command runs, the switch cuts, and what
 	// the buffers held is lost.
-	t.Run("control: the command still runs", func(t *testing.T) { atk9KeptRunCut(t, toGuild, true) })
-	t.Run("context.set", func(t *testing.T) { atk9KeptRunCut(t, toGuild, false) })
-	t.Run("policy reload", func(t *testing.T) { atk9KeptRunCut(t, reload, false) })
+	t.Run("control: the command still runs", func(t *testing.T) { keptRunCut(t, toGuild, true) })
+	t.Run("context.set", func(t *testing.T) { keptRunCut(t, toGuild, false) })
+	t.Run("policy reload", func(t *testing.T) { keptRunCut(t, reload, false) })
 }
 
 // TestEgressCutDropsQueuedBytes: a cut closes the upstream socket
@@ -39,7 +39,7 @@ func TestEgressSwitchCutsKeptSandboxConnections(t *testing.T) {
 // server reads. Only what the server's kernel held before the switch may
 // reach it.
 func TestEgressCutDropsQueuedBytes(t *testing.T) {
-	inq, got := atk9KeptRunCut(t, func(d *testenv.Daemon) { d.SetContext("s", testenv.Guild) }, true)
+	inq, got := keptRunCut(t, func(d *testenv.Daemon) { d.SetContext("s", testenv.Guild) }, true)
 	if inq < 0 {
 		t.Fatal("setup: no SIOCINQ of the server's socket")
 	}
@@ -48,9 +48,9 @@ func TestEgressCutDropsQueuedBytes(t *testing.T) {
 	}
 }
 
-func atk9KeptRunCut(t *testing.T, deny func(d *testenv.Daemon), live bool) (inq int, got int64) {
-	d, n := atk9HomeNet(t)
-	l := n.listen(t, atk9Srv+":7100")
+func keptRunCut(t *testing.T, deny func(d *testenv.Daemon), live bool) (inq int, got int64) {
+	d, n := netHome(t)
+	l := n.listen(t, upstreamSrv+":7100")
 	start := make(chan struct{})
 	total := make(chan int64, 1)
 	accepted := make(chan net.Conn, 1)

@@ -3,7 +3,6 @@ package egress
 import (
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -311,7 +310,7 @@ func TestEgressUnprivilegedDaemon(t *testing.T) {
 	h.Write("config/policy.yaml", egressPolicy)
 	sock, logs := testenv.StartUnprivileged(t, h)
 	run := func(args ...string) (string, int) {
-		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--"}, args...)...)
+		cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), append([]string{"run", "--socket", sock, "--session", "default", "--"}, args...)...)
 		out, _ := cmd.CombinedOutput()
 		return string(out), cmd.ProcessState.ExitCode()
 	}

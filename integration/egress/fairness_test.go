@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +51,7 @@ func TestEgressNodePoolFairAmongSessions(t *testing.T) {
 		t.Fatalf("the hogs hold %d of the node's %d connections; the test needs them all", st.Egress.Connections, st.Egress.Max)
 	}
 	d.OpenFor("victim", testenv.Nobody, testenv.DM)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "victim", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "victim", "--",
 		"curl", "-sS", "--max-time", "10", "--noproxy", "*", "http://web.test/x")
 	out, _ := cmd.CombinedOutput()
 	if !strings.Contains(string(out), "GET /x host=web.test") {
@@ -161,7 +160,7 @@ func TestEgressPoolLeavesTheDaemonItsReserve(t *testing.T) {
 	h.Write("workspace/w.txt", "work\n")
 	os.Chmod(h.Path("workspace"), 0o777)
 	os.MkdirAll(h.Path("mnt"), 0o777)
-	d := testenv.StartUnder(t, h, []string{"prlimit", "--nofile=2048:2048", "setpriv", "--bounding-set=-sys_resource", "--"},
+	d := testenv.StartUnder(t, h, testenv.NofileLimit(2048),
 		"--allow-uid", "65534", "--allow-uid", "1000", "--socket-mode", "0666")
 	os.Chmod(h.Path("run"), 0o755)
 	pid := d.Cmd.Process.Pid

@@ -10,8 +10,7 @@ import (
 )
 
 // TestRunSocketFamiliesLimited: a network namespace does not isolate every
-// socket family. An attacker's review of the egress capture created
-// AF_VSOCK sockets from a run, in the host's own vsock port space (a port
+// socket family. A run could create AF_VSOCK sockets, in the host's own vsock port space (a port
 // a host process held was EADDRINUSE in the run), from where CID 2, the
 // hypervisor, is reachable with no decision, under any network mode. The
 // seccomp filter now lets socket(2) and socketpair(2) create unix, inet,

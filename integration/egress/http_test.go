@@ -44,8 +44,8 @@ func tomcatPath(target string) string {
 // drops path parameters and merges slashes (Tomcat) reads
 // /private/secret.txt.
 func TestEgressParamSegmentPathDecided(t *testing.T) {
-	d, n := atk9HomeNet(t)
-	go http.Serve(n.listen(t, atk9Srv+":8200"), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	d, n := netHome(t)
+	go http.Serve(n.listen(t, upstreamSrv+":8200"), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p := tomcatPath(r.RequestURI); strings.HasPrefix(p, "/private/") {
 			fmt.Fprintf(w, "SECRET-DATA of %s", p)
 		} else {
@@ -84,22 +84,22 @@ print(readall(s))
 	}
 }
 
-// atk9Recorder is a server in the servers' namespace that keeps every byte
+// byteRecorder is a server in the servers' namespace that keeps every byte
 // it reads and reads requests with net/http's parser: for /switch it
 // answers 101 and then reads raw; otherwise 200 (the body read).
-type atk9Recorder struct {
+type byteRecorder struct {
 	mu   sync.Mutex
 	raw  strings.Builder
 	reqs []string
 }
 
-func (a *atk9Recorder) Write(p []byte) (int, error) {
+func (a *byteRecorder) Write(p []byte) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.raw.Write(p)
 }
 
-func (a *atk9Recorder) serve(l net.Listener) {
+func (a *byteRecorder) serve(l net.Listener) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -136,9 +136,9 @@ func (a *atk9Recorder) serve(l net.Listener) {
 // it reads: none of them may name /private or other.test, and every
 // request it reads is a GET.
 func TestEgressFramingDesyncRefused(t *testing.T) {
-	d, n := atk9HomeNet(t)
-	rec := &atk9Recorder{}
-	go rec.serve(n.listen(t, atk9Srv+":8300"))
+	d, n := netHome(t)
+	rec := &byteRecorder{}
+	go rec.serve(n.listen(t, upstreamSrv+":8300"))
 	const H = `Host: web.test:8300\r\n`
 	smug := `GET /private/x HTTP/1.1\r\n` + H + `\r\n`
 	// its length as sent (the Python literal's escapes are two bytes each)
@@ -231,8 +231,8 @@ print(readall(s))
 // /private. The server answers SECRET-DATA for any such reading of what it
 // receives.
 func TestEgressPathFormsDecidedAsTheServerReads(t *testing.T) {
-	d, n := atk9HomeNet(t)
-	go http.Serve(n.listen(t, atk9Srv+":8310"), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	d, n := netHome(t)
+	go http.Serve(n.listen(t, upstreamSrv+":8310"), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for _, p := range pathReadings(r.RequestURI) {
 			if strings.HasPrefix(p, "/private") {
 				fmt.Fprintf(w, "SECRET-DATA target=%s read=%s", r.RequestURI, p)

@@ -265,7 +265,7 @@ try:
 except Exception as e:
     print("/ctx-d", e, flush=True)
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--", "python3", "-c", script)
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--", "python3", "-c", script)
 	in, _ := cmd.StdinPipe()
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -377,7 +377,7 @@ func TestInspectUnprivilegedDaemon(t *testing.T) {
 	sock, logs := testenv.StartUnprivileged(t, h)
 	os.Chmod(secret, 0o600)
 	run := func(script string) string {
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--", "sh", "-c", script)
+		cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--", "sh", "-c", script)
 		out, _ := cmd.CombinedOutput()
 		noValue(t, "the run's output", string(out))
 		return string(out)

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +33,7 @@ func TestEgressNodeSlotsBounded(t *testing.T) {
 	}
 	d.Call("status", map[string]any{}, &st)
 	t.Logf("status.egress: %d of %d", st.Egress.Connections, st.Egress.Max)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "victim", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "victim", "--",
 		"curl", "-sS", "--max-time", "10", "--noproxy", "*", "http://web.test/x")
 	out, _ := cmd.CombinedOutput()
 	if !strings.Contains(string(out), "GET /x host=web.test") || st.Egress.Connections > 256 {
@@ -49,7 +47,7 @@ func TestEgressNodeSlotsBounded(t *testing.T) {
 // abandoned handshake held a place of its session's and of the node's
 // bound until gVisor gave it up, about two minutes later, after the run
 // had ended; and the run's end, and so the daemon's SIGTERM, waited as
-// long (2m05s, in the attacker's review). Both captures: the places are
+// long (2m05s). Both captures: the places are
 // back once the run has ended, and the daemon stops at once.
 func TestEgressHalfOpenFloodBounded(t *testing.T) {
 	d, _ := egressHomeNet(t)
@@ -101,7 +99,7 @@ print("flooded", n)
 // each flow was tracked (its rewritten reply tuple told apart by the
 // source address), and one run filled its namespace's conntrack table up
 // to the host's nf_conntrack_max (229,162 entries in 15 s, 56 MB of kernel
-// memory, in the attacker's review). What leaves for the gateway must now
+// memory). What leaves for the gateway must
 // leave from the run's own address: these are refused before they are
 // tracked.
 func TestEgressConntrackSourcesBounded(t *testing.T) {
@@ -143,8 +141,8 @@ print("tried", n, "tracked", count)
 
 // TestEgressAuditFloodBounded: a run that retries a refused connection in a
 // loop writes one audit record a second, each saying how many it stands
-// for, not one per attempt (stop 33's review measured about 700 lines a
-// second, 750 MB an hour, from one run).
+// for, not one per attempt (one a try is about 700 lines a second, 750 MB
+// an hour, from one run).
 func TestEgressAuditFloodBounded(t *testing.T) {
 	d := egressHome(t)
 	out := egressPy(t, d, `
@@ -313,8 +311,7 @@ func egressLive(t *testing.T, d *testenv.Daemon, session, code string) (io.Write
 // egressLiveAs is egressLive as uid.
 func egressLiveAs(t *testing.T, d *testenv.Daemon, uid int, session, code string) (io.WriteCloser, func() string) {
 	t.Helper()
-	u := strconv.Itoa(uid)
-	cmd := exec.Command("setpriv", "--reuid="+u, "--regid="+u, "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", session, "--",
+	cmd := testenv.CommandAs(uid, testenv.Condfs(), "run", "--socket", d.Socket, "--session", session, "--",
 		"python3", "-u", "-c", code)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

@@ -45,8 +45,8 @@ def readall(s):
 // TestEgressHTTPRequestLinesClassifiedHTTP: request lines Python's http.server reads as a
 // request that the gateway classified "tcp" (allowed for web.test), so the
 // policy's http rules (GET only, nothing under /private) never applied:
-// each was served /private/secret.txt (second attacker review). Now each
-// is classified http and refused.
+// each would be served /private/secret.txt. Each is classified http and
+// refused.
 func TestEgressHTTPRequestLinesClassifiedHTTP(t *testing.T) {
 	d, n := egressHomeNet(t)
 	n.pyServer(t)
@@ -139,7 +139,7 @@ while True:
 	}
 	defer filler.Close()
 
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
 		"python3", "-u", "-c", `
 import socket
 s = socket.create_connection(("echo.test", 7100), timeout=30)
@@ -238,10 +238,8 @@ def readresp(s):
 `
 
 // TestEgressDeniedRequestsNeverReachTheServer: requests the policy denies (a path under
-// /private, a method other than GET) that reached the servers all the
-// same, found by an attacker's review of the first gateway: each got its
-// answer (the audit showed only what was decided: tcp, or the allowed
-// GET); now each is refused.
+// /private, a method other than GET) never reach the servers: each is
+// refused, and the audit shows what was decided.
 func TestEgressDeniedRequestsNeverReachTheServer(t *testing.T) {
 	d, n := egressHomeNet(t)
 	n.pyServer(t)

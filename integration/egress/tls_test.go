@@ -13,11 +13,11 @@ import (
 	"github.com/condfs/condfs/internal/testenv"
 )
 
-// atk9Hello builds TLS 1.3 client hellos by hand (hello: any server_name
+// helloScript builds TLS 1.3 client hellos by hand (hello: any server_name
 // extensions; ch: one host name), so that a program can send a first hello
 // naming one host and, after the server's HelloRetryRequest, a second one
 // naming another.
-const atk9Hello = `
+const helloScript = `
 import socket, struct, os, sys
 def ext(t, body): return struct.pack(">HH", t, len(body)) + body
 def hello(snis, share, sid):
@@ -75,36 +75,36 @@ def retry(host, port, first, second):
 // s_server do). A connection decided as https to api.test then serves
 // other.test, which the policy denies.
 func TestEgressSNICheckedOnRetriedHello(t *testing.T) {
-	d, n := atk9HomeNet(t)
-	srvOut := atk9SServer(t, n)
-	got := egressPy(t, d, atk9Hello+`
+	d, n := netHome(t)
+	srvOut := tlsServer(t, n)
+	got := egressPy(t, d, helloScript+`
 retry("api.test", 8443, "api.test", "other.test")
 `)
-	atk9CheckRetry(t, got, srvOut, d.Log)
+	checkRetry(t, got, srvOut, d.Log)
 }
 
 // TestEgressSNICheckedOnRetriedHelloUnprivileged: the same on the user-namespace
 // path (a daemon run by uid 65534).
 func TestEgressSNICheckedOnRetriedHelloUnprivileged(t *testing.T) {
 	testenv.RequireUnprivilegedFUSE(t)
-	n := atk9Net(t)
-	srvOut := atk9SServer(t, n)
+	n := recordNet(t)
+	srvOut := tlsServer(t, n)
 	h := testenv.OpenHome(t, "-")
-	h.Write("config/conditions.toml", atk9Rules(h.Write("config/hosts", atk9Hosts)))
+	h.Write("config/conditions.toml", egressRetryRules(h.Write("config/hosts", retryHosts)))
 	h.Write("config/policy.yaml", egressPolicy)
 	sock, logs := testenv.StartUnprivileged(t, h)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--",
-		"python3", "-c", atk9Hello+`
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--",
+		"python3", "-c", helloScript+`
 retry("api.test", 8443, "api.test", "other.test")
 `)
 	out, _ := cmd.CombinedOutput()
-	atk9CheckRetry(t, string(out), srvOut, logs)
+	checkRetry(t, string(out), srvOut, logs)
 }
 
-// atk9SServer starts openssl s_server on atk9Srv:8443: -cert for any
+// tlsServer starts openssl s_server on upstreamSrv:8443: -cert for any
 // SNI but -servername's, for which it switches to -cert2's context; it
 // prints every SNI it reads. It returns its output so far.
-func atk9SServer(t *testing.T, n *egressNet) func() string {
+func tlsServer(t *testing.T, n *egressNet) func() string {
 	t.Helper()
 	if _, err := exec.LookPath("openssl"); err != nil {
 		t.Fatalf("openssl is needed: %v", err)
@@ -119,7 +119,7 @@ func atk9SServer(t *testing.T, n *egressNet) func() string {
 			t.Fatalf("openssl req: %v\n%s", err, out)
 		}
 	}
-	srv := exec.Command("ip", "netns", "exec", n.ns, "stdbuf", "-o0", "-e0", "openssl", "s_server", "-accept", atk9Srv+":8443",
+	srv := exec.Command("ip", "netns", "exec", n.ns, "stdbuf", "-o0", "-e0", "openssl", "s_server", "-accept", upstreamSrv+":8443",
 		"-cert", filepath.Join(dir, "api.pem"), "-key", filepath.Join(dir, "api.key"),
 		"-servername", "other.test", "-cert2", filepath.Join(dir, "other.pem"), "-key2", filepath.Join(dir, "other.key"), "-tls1_3")
 	out := &testenv.LogBuffer{}
@@ -130,7 +130,7 @@ func atk9SServer(t *testing.T, n *egressNet) func() string {
 	}
 	t.Cleanup(func() { stdin.Close(); srv.Process.Kill(); srv.Wait() })
 	for i := 0; ; i++ {
-		if c, err := net.Dial("tcp", atk9Srv+":8443"); err == nil {
+		if c, err := net.Dial("tcp", upstreamSrv+":8443"); err == nil {
 			c.Close()
 			break
 		}
@@ -142,7 +142,7 @@ func atk9SServer(t *testing.T, n *egressNet) func() string {
 	return out.String
 }
 
-func atk9CheckRetry(t *testing.T, run string, srvOut, logs func() string) {
+func checkRetry(t *testing.T, run string, srvOut, logs func() string) {
 	t.Helper()
 	time.Sleep(300 * time.Millisecond)
 	srv := srvOut()
@@ -159,23 +159,23 @@ func atk9CheckRetry(t *testing.T, run string, srvOut, logs func() string) {
 // newEgressNet does, under names and addresses of their own (cfa9*,
 // 10.239.0.0/24): newEgressNet removes every cfeg* network it finds, and
 // so a test of another file run meanwhile took this file's servers away.
-const atk9Srv = "10.239.0.2"
+const upstreamSrv = "10.239.0.2"
 
-const atk9Hosts = atk9Srv + " web.test api.test echo.test other.test\n"
+const retryHosts = upstreamSrv + " web.test api.test echo.test other.test\n"
 
-func atk9Rules(hosts string) string {
+func egressRetryRules(hosts string) string {
 	return strings.Replace(egressRules(hosts), `reach_private = ["10.231.0.0/24"]`, `reach_private = ["10.239.0.0/24"]`, 1)
 }
 
-func atk9Net(t *testing.T) *egressNet { return newNetAt(t, "cfa9", "10.239.0") }
+func recordNet(t *testing.T) *egressNet { return newNetAt(t, "cfa9", "10.239.0") }
 
-// atk9HomeNet is egressHomeNet on atk9Net: egressPolicy, session s in a
+// netHome is egressHomeNet on recordNet: egressPolicy, session s in a
 // DM, run by uid 65534.
-func atk9HomeNet(t *testing.T) (*testenv.Daemon, *egressNet) {
+func netHome(t *testing.T) (*testenv.Daemon, *egressNet) {
 	t.Helper()
-	n := atk9Net(t)
+	n := recordNet(t)
 	h := testenv.OpenHome(t, "-")
-	h.Write("config/conditions.toml", atk9Rules(h.Write("config/hosts", atk9Hosts)))
+	h.Write("config/conditions.toml", egressRetryRules(h.Write("config/hosts", retryHosts)))
 	h.Write("config/policy.yaml", egressPolicy)
 	os.Chmod(h.Path("workspace"), 0o777)
 	d := testenv.Start(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
@@ -226,10 +226,10 @@ func newNetAt(t *testing.T, prefix, subnet string) *egressNet {
 	return n
 }
 
-// atk10Hello extends atk9Hello: records split, change cipher spec
+// retryHello extends helloScript: records split, change cipher spec
 // records, and one attempt per connection, direct or through the gateway's
 // proxy (CONNECT).
-const atk10Hello = atk9Hello + `
+const retryHello = helloScript + `
 import time
 def split(r, k):
     body = r[5:]
@@ -276,9 +276,9 @@ def share(): return os.urandom(32)
 // data; and through the proxy's CONNECT. openssl s_server must never read
 // other.test; a second hello naming api.test still goes through.
 func TestEgressRetriedHelloEvasionsRefused(t *testing.T) {
-	d, n := atk9HomeNet(t)
-	srvOut := atk9SServer(t, n)
-	out := egressPy(t, d, atk10Hello+`
+	d, n := netHome(t)
+	srvOut := tlsServer(t, n)
+	out := egressPy(t, d, retryHello+`
 first = hello(API, None, sid)
 parts = split(hello(OTHER, share(), sid), 3)
 go("ccs-split", first, [(CCS, 0.1), (CCS, 0.1), (CCS, 0.1), (parts[0][:7], 0.2), (parts[0][7:], 0.2), (parts[1], 0.2), (parts[2], 0.2)])

@@ -56,7 +56,7 @@ func TestHookCheckpointMakesEachToolCallUndoable(t *testing.T) {
 			"hook_event_name": "PreToolUse", "cwd": mnt + "/workspace", "tool_name": tool, "tool_use_id": useID,
 			"tool_input": map[string]any{"file_path": file, "content": "after\n"},
 		})
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		cmd := testenv.CommandAs(testenv.Nobody,
 			testenv.Condfs(), "hook", "claude-code", "--socket", d.Socket, "--session", "s", "--checkpoint")
 		cmd.Stdin = strings.NewReader(string(in))
 		out, err := cmd.Output()
@@ -100,7 +100,7 @@ func TestGatewayCheckpointMakesEachToolCallUndoable(t *testing.T) {
 		os.Lchown(h.Path("workspace/a.txt"), testenv.Nobody, testenv.Nobody)
 	})
 	ws := mnt + "/workspace"
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+	cmd := testenv.CommandAs(testenv.Nobody,
 		testenv.Condfs(), "mcp", "proxy", "--socket", d.Socket, "--session", "s", "--checkpoint", "--", server, ws)
 	cmd.Env = append(os.Environ(), "HOME=/tmp")
 	cmd.Stderr = os.Stderr

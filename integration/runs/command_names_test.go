@@ -191,7 +191,7 @@ func eachRunPath(t *testing.T, rules string, f func(t *testing.T, p runPath)) {
 				return testenv.CondfsRun(t, d, "", append([]string{"--"}, args...)...)
 			},
 			shell: func(script string) (io.WriteCloser, chan string) {
-				_, in, lines := atkShell(t, d, script)
+				_, in, lines := binShell(t, d, script)
 				return in, lines
 			},
 			setContext: func(atoms []string) { d.SetContext("s", atoms) },

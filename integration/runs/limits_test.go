@@ -86,7 +86,7 @@ func TestRunsLeaveTheDaemonItsReserve(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 120; i++ {
-		c := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket,
+		c := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket,
 			"--session", fmt.Sprintf("a%d", i%6), "--", "sleep", "60")
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
@@ -115,7 +115,7 @@ func TestRunOpenFilesCannotExhaustDaemon(t *testing.T) {
 		t.Fatalf("open other: %v", err)
 	}
 	readOther := func() (string, error) {
-		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", a.Home.Path("mnt/other/memories/pub.md")).CombinedOutput()
+		out, err := testenv.CommandAs(testenv.Nobody, "cat", a.Home.Path("mnt/other/memories/pub.md")).CombinedOutput()
 		return string(out), err
 	}
 	if o, err := readOther(); err != nil || o != "public\n" {

@@ -51,7 +51,7 @@ action = "allow"
 // line it is asked and answers one line: its output and exit status.
 func runShell(t *testing.T, d *testenv.Daemon) (*exec.Cmd, io.WriteCloser, func(string) string) {
 	t.Helper()
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
 		"sh", "-c", `while read line; do out=$(eval "$line" 2>&1 | tr -d '\n'); echo "$out [$?]"; done`)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

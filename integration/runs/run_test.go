@@ -30,12 +30,12 @@ func init() {
 		// process's stdio, then gone.
 		c, err := net.Dial("unix", sock)
 		if err != nil {
-			fmt.Println("attack3 notify:", err)
+			fmt.Println("notify:", err)
 			os.Exit(1)
 		}
 		line := `{"jsonrpc":"2.0","method":"run","params":{"session":"s","argv":["sleep","600"],"timeout_ms":1000}}` + "\n"
 		if _, _, err := c.(*net.UnixConn).WriteMsgUnix([]byte(line), syscall.UnixRights(0, 1, 2), nil); err != nil {
-			fmt.Println("attack3 notify:", err)
+			fmt.Println("notify:", err)
 			os.Exit(1)
 		}
 		time.Sleep(2 * time.Second) // the daemon has read it
@@ -44,18 +44,18 @@ func init() {
 	}
 }
 
-// attack3Rules: runRules' binaries and python3 (as in sandbox.md's example).
-const attack3Rules = testenv.PrivateRule + `
+// loaderRules: runRules' binaries and python3 (as in sandbox.md's example).
+const loaderRules = testenv.PrivateRule + `
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/ls", "/usr/bin/cat", "/usr/bin/sleep", "/usr/bin/id", "/usr/bin/tr", "/usr/bin/python3"]
 pids = 64
 `
 
-// attack3Home is runHome with attack3Rules and a copy of /usr/bin/wc (not
+// loaderHome is runHome with loaderRules and a copy of /usr/bin/wc (not
 // allowed) in the session's workspace, as an agent could write one.
-func attack3Home(t *testing.T) *testenv.Daemon {
+func loaderHome(t *testing.T) *testenv.Daemon {
 	t.Helper()
-	h := testenv.OpenHome(t, attack3Rules)
+	h := testenv.OpenHome(t, loaderRules)
 	h.Write("config/policy.yaml", testenv.RunPolicy)
 	h.Write("memories/pub.md", "public\n")
 	wc, err := os.ReadFile("/usr/bin/wc")
@@ -81,7 +81,7 @@ func attack3Home(t *testing.T) *testenv.Daemon {
 // sandbox.md: every other program cannot be executed, however it is
 // reached, "by a copy made inside the run" included.
 func TestMemfdCopyOfForbiddenProgramNeverRuns(t *testing.T) {
-	d := attack3Home(t)
+	d := loaderHome(t)
 	load := `import os, sys
 fd = os.memfd_create("x", 0)
 os.write(fd, open("/workspace/wc.copy", "rb").read())
@@ -119,7 +119,7 @@ func sleeps600() int {
 // and it is never taken off its session's runs, so session.close (and the
 // daemon's shutdown) waits for it forever, with the view still mounted.
 func TestRunSentAsNotificationIsRefused(t *testing.T) {
-	d := attack3Home(t)
+	d := loaderHome(t)
 	hung := false
 	t.Cleanup(func() {
 		if hung {
@@ -133,7 +133,7 @@ func TestRunSentAsNotificationIsRefused(t *testing.T) {
 		}
 	})
 	before := sleeps600()
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.CopySelf(t))
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.CopySelf(t))
 	cmd.Env = append(os.Environ(), "CONDFS_TEST_NOTIFY_RUN="+d.Socket)
 	// Its stdio goes to the run: a file, not a pipe the test would wait on.
 	outPath := filepath.Join(t.TempDir(), "out")
@@ -203,7 +203,7 @@ func TestRun(t *testing.T) {
 	}
 	var other struct{}
 	d.Call("session.open", map[string]any{"id": "root-s", "mount": d.Home.Path("mnt/root-s"), "context": testenv.DM}, &other)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "root-s", "--", "id")
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "root-s", "--", "id")
 	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 125 || !strings.Contains(string(out), "another user") {
 		t.Errorf("another uid's session: exit %d %q", cmd.ProcessState.ExitCode(), out)
 	}
@@ -330,7 +330,7 @@ action = "allow"
 // die too.
 func TestRunClientGone(t *testing.T) {
 	d, mnt := testenv.RunHome(t)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
 		"sh", "-c", `sleep 60 & sleep 61`)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -371,7 +371,7 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 	}
 	sock, logs := testenv.StartUnprivileged(t, h)
 	run := func(args ...string) (string, int) {
-		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--"}, args...)...)
+		cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), append([]string{"run", "--socket", sock, "--session", "default", "--"}, args...)...)
 		out, _ := cmd.CombinedOutput()
 		return string(out), cmd.ProcessState.ExitCode()
 	}
@@ -403,13 +403,13 @@ func TestRunUnprivilegedDaemon(t *testing.T) {
 		t.Fatalf("an unlisted view file, a write to a listed one: exit %d %q", code, out)
 	}
 	// --tty: a terminal of the run's own devpts on this path too.
-	tty := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--tty", "--",
+	tty := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--tty", "--",
 		"sh", "-c", "[ -t 0 ] && [ -t 1 ] && ls -1 /dev/pts")
 	if out, _ := tty.CombinedOutput(); tty.ProcessState.ExitCode() != 0 || string(out) != "0\r\nptmx\r\n" {
 		t.Fatalf("--tty: exit %d %q", tty.ProcessState.ExitCode(), out)
 	}
-	setpriv := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "ctl", "--socket", sock, "context", "default", `{"kind":"discord","guild_id":"1","channel_id":"2"}`)
-	if out, err := setpriv.CombinedOutput(); err != nil {
+	ctl := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "ctl", "--socket", sock, "context", "default", `{"kind":"discord","guild_id":"1","channel_id":"2"}`)
+	if out, err := ctl.CombinedOutput(); err != nil {
 		t.Fatalf("context set: %v %s", err, out)
 	}
 	if out, code := run("ls", "/memories"); code != 0 || strings.Contains(out, "private") {

@@ -2,7 +2,6 @@ package runs
 
 import (
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -24,7 +23,7 @@ func checkRunWritesView(t *testing.T, h *testenv.Home, mnt string, run func(args
 	t.Helper()
 	tool := func(script string) {
 		t.Helper()
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-ec", `cd "$0"; `+script, mnt+"/workspace")
+		cmd := testenv.CommandAs(testenv.Nobody, "sh", "-ec", `cd "$0"; `+script, mnt+"/workspace")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("file tool: %s: %v %s", script, err, out)
 		}
@@ -70,7 +69,7 @@ func TestRunWritesViewAfterChangesUnprivilegedDaemon(t *testing.T) {
 	h.Write("workspace/w.txt", "work\n")
 	sock, logs := testenv.StartUnprivileged(t, h)
 	checkRunWritesView(t, h, h.Path("mnt/v"), func(args ...string) (string, int) {
-		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", sock, "--session", "default", "--"}, args...)...)
+		cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), append([]string{"run", "--socket", sock, "--session", "default", "--"}, args...)...)
 		out, _ := cmd.CombinedOutput()
 		if cmd.ProcessState.ExitCode() == 125 {
 			t.Logf("daemon log:\n%s", testenv.Tail(logs(), 20))

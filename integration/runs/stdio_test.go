@@ -3,7 +3,6 @@ package runs
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,7 +26,7 @@ func TestRunRelayEndsWithTheCommand(t *testing.T) {
 	run := func(stdin, stdout *os.File, timeout time.Duration, args ...string) (int, string, time.Duration) {
 		t.Helper()
 		var errb strings.Builder
-		cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--"}, args...)...)
+		cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), append([]string{"run", "--socket", d.Socket, "--session", "s", "--"}, args...)...)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, &errb
 		start := time.Now()
 		if err := cmd.Start(); err != nil {
@@ -130,7 +129,7 @@ except Exception as e:
     pass
 print("the control connection answered:", got.decode(errors="replace"), flush=True)
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", caller, testenv.Condfs(), d.Socket)
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", caller, testenv.Condfs(), d.Socket)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	var now struct{ Atoms []string }
@@ -147,13 +146,14 @@ print("the control connection answered:", got.decode(errors="replace"), flush=Tr
 	}
 }
 
-// The seventh review: stdio the daemon accepts (internal/stdiofd) and the
-// bound on open files (fsys/files.go).
+// The stdio the daemon accepts for a run (internal/stdiofd), what the
+// command can be given to execute beyond its binaries (a process outside,
+// the network) and its reach toward its init.
 
-// atk7Exec is run inside the sandbox: it maps a descriptor PROT_EXEC
+// execRules is run inside the sandbox: it maps a descriptor PROT_EXEC
 // (allowed by seccomp: file-backed, not writable) and calls it. The file
 // holds tool42's bytes (mov eax,42; ret); Landlock does not govern mmap.
-const atk7Exec = `
+const execRules = `
 import ctypes, os, sys
 def run(fd, what):
     libc = ctypes.CDLL(None, use_errno=True)
@@ -176,7 +176,7 @@ def run(fd, what):
 // stdin is not a socket.
 func TestStdinSocketPassesNoDescriptorsIn(t *testing.T) {
 	a := testenv.StartUnprivHome(t, testenv.UnprivRules, nil)
-	inner := atk7Exec + `
+	inner := execRules + `
 import socket
 s = socket.socket(fileno=0)
 try:
@@ -214,7 +214,7 @@ out, _ = p.communicate(timeout=60)
 sys.stdout.write(out.decode(errors="replace"))
 print("rc", p.returncode)
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", outer,
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", outer,
 		testenv.Condfs(), a.Socket, a.Home.Path("workspace/bin/tool42"), inner)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
@@ -242,7 +242,7 @@ func TestStdinFileOfRemountedNoexecNeverMaps(t *testing.T) {
 	dir := a.Home.Path("mnt/x")
 	os.MkdirAll(dir, 0o755)
 	testenv.ChownTree(t, dir, testenv.Nobody)
-	inner := atk7Exec + `
+	inner := execRules + `
 import time
 print("noexec at start", bool(os.fstatvfs(0).f_flag & os.ST_NOEXEC), flush=True)
 time.sleep(4)
@@ -257,7 +257,7 @@ sleep 2
 mount -o remount,bind,exec %[1]s && echo remounted exec
 wait || true
 cat %[1]s/out`, dir, a.Home.Path("workspace/bin/tool42"), testenv.Condfs(), a.Socket)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-Urm", "sh", "-c", script)
+	cmd := testenv.CommandAs(testenv.Nobody, "unshare", "-Urm", "sh", "-c", script)
 	cmd.Env = append(os.Environ(), "INNER="+inner)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%v\n%s", err, out)
@@ -286,7 +286,7 @@ func TestRelayedStdioFileGetsAllOutput(t *testing.T) {
 		out := filepath.Join(dir, fmt.Sprintf("out%d", round))
 		line := fmt.Sprintf("exec %s run --socket %s --session s -- sh -c 'i=0; while [ $i -lt 3000 ]; do echo line$i; echo err$i >&2; i=$((i+1)); done; sleep 100 & exit 0' < %s > %s 2>&1",
 			testenv.Condfs(), d.Socket, in, out)
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", line)
+		cmd := testenv.CommandAs(testenv.Nobody, "sh", "-c", line)
 		start := time.Now()
 		done := make(chan error, 1)
 		cmd.Start()
@@ -306,14 +306,10 @@ func TestRelayedStdioFileGetsAllOutput(t *testing.T) {
 	}
 }
 
-// The eighth review: what the command of a run can be given to execute
-// beyond its binaries (stdio, a process outside, the network), and the
-// bounds on the daemon's descriptors.
-
-// atk8Recv is run inside the sandbox after atk7Exec: it receives
+// stdinRecv is run inside the sandbox after execRules: it receives
 // descriptors on socket c and runs them (tool42 mapped PROT_EXEC, git
 // through ld.so).
-const atk8Recv = `
+const stdinRecv = `
 def take(c):
     try:
         msg, fds, fl, addr = socket.recv_fds(c, 16, 4)
@@ -327,7 +323,7 @@ def take(c):
         os.execv("/lib64/ld-linux-x86-64.so.2", ["ld.so", "/proc/self/fd/%d" % fds[1], "--version"])
 `
 
-func atk8Verdict(t *testing.T, out, how string) {
+func stdinVerdict(t *testing.T, out, how string) {
 	t.Helper()
 	if strings.Contains(out, "tool42 returned 42") {
 		t.Errorf("HOLE: %s: the command received a file of an exec mount (SCM_RIGHTS) and ran its bytes mapped PROT_EXEC (tool42 returned 42), not in binaries", how)
@@ -348,9 +344,9 @@ func atk8Verdict(t *testing.T, out, how string) {
 // TestRunStdioIsAStreamOfItsOwn).
 func TestStdinListenerQueuePassesNoDescriptors(t *testing.T) {
 	a := testenv.StartUnprivHome(t, testenv.UnprivRules, nil)
-	inner := atk7Exec + `
+	inner := execRules + `
 import socket
-` + atk8Recv + `
+` + stdinRecv + `
 s = socket.socket(fileno=0)
 c, _ = s.accept()
 print("accepted, SO_PASSRIGHTS", c.getsockopt(socket.SOL_SOCKET, 83), flush=True)
@@ -361,7 +357,7 @@ take(c)
 import socket, os, subprocess, sys
 condfs, sock, tool, inner = sys.argv[1:5]
 l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-l.bind("\0atk8-%d" % os.getpid())
+l.bind("\0passrights-%d" % os.getpid())
 l.listen(4)
 c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 c.connect(l.getsockname())
@@ -383,20 +379,20 @@ out, _ = p.communicate(timeout=60)
 sys.stdout.write(out.decode(errors="replace"))
 print("rc", p.returncode)
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", outer,
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", outer,
 		testenv.Condfs(), a.Socket, a.Home.Path("workspace/bin/tool42"), inner)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
-	atk8Verdict(t, string(out), "a listening Unix socket as stdin, connected to before the run")
+	stdinVerdict(t, string(out), "a listening Unix socket as stdin, connected to before the run")
 	if !strings.Contains(string(out), "Socket operation on non-socket") {
 		t.Errorf("the command's stdin was a socket: %s", out)
 	}
 }
 
-// atk8RootHome: a root daemon (runHomeFiles: session "s" owned by 65534)
+// rootRunHome: a root daemon (runHomeFiles: session "s" owned by 65534)
 // whose runs may execute sh and python3, with more [sandbox] lines, and
 // tool42 (mov eax,42; ret) in a directory of an exec mount outside.
-func atk8RootHome(t *testing.T, sandboxExtra string) (*testenv.Daemon, string) {
+func rootRunHome(t *testing.T, sandboxExtra string) (*testenv.Daemon, string) {
 	t.Helper()
 	rules := testenv.PrivateRule + `
 [sandbox]
@@ -421,10 +417,10 @@ pids = 64
 // (ABI 6 on) now refuse the command abstract sockets made outside its
 // domain.
 func TestHostNetworkAbstractSocketPassesNoDescriptors(t *testing.T) {
-	d, tool := atk8RootHome(t, `network = "host"`+"\n")
-	inner := atk7Exec + `
+	d, tool := rootRunHome(t, `network = "host"`+"\n")
+	inner := execRules + `
 import socket
-` + atk8Recv + `
+` + stdinRecv + `
 c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
     c.connect("\0" + sys.argv[1])
@@ -437,7 +433,7 @@ take(c)
 	outer := `
 import socket, os, subprocess, sys
 condfs, sock, tool, inner = sys.argv[1:5]
-name = "atk8host-%d" % os.getpid()
+name = "hostnet-%d" % os.getpid()
 l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 l.bind("\0" + name)
 l.listen(4)
@@ -459,11 +455,11 @@ out, _ = p.communicate(timeout=60)
 sys.stdout.write(out.decode(errors="replace"))
 print("rc", p.returncode)
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", outer,
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", outer,
 		testenv.Condfs(), d.Socket, tool, inner)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
-	atk8Verdict(t, string(out), `network "host": a socket the command made, connected to an abstract name outside`)
+	stdinVerdict(t, string(out), `network "host": a socket the command made, connected to an abstract name outside`)
 	if !strings.Contains(string(out), "connect Operation not permitted") {
 		t.Errorf("the command's connect to an abstract name outside its domain was not refused: %s", out)
 	}
@@ -472,12 +468,9 @@ print("rc", p.returncode)
 	}
 }
 
-// The ninth review: the bound on open files (fsys/files.go), the stdio a
-// run accepts, the run's reach toward its init, and the node's egress pool.
-
-// atk9cRoot is a root daemon whose session "default" (65534, a DM) runs
-// python3 and the workspace's bin/ (the files atk6Home makes).
-func atk9cRoot(t *testing.T, extra ...string) (*testenv.Daemon, string) {
+// rootStdinHome is a root daemon whose session "default" (65534, a DM) runs
+// python3 and the workspace's bin/ (the files StartUnprivHome makes).
+func rootStdinHome(t *testing.T, extra ...string) (*testenv.Daemon, string) {
 	t.Helper()
 	h := testenv.OpenHome(t, testenv.UnprivRules)
 	h.Write("config/policy.yaml", testenv.RunPolicy)
@@ -495,10 +488,10 @@ func atk9cRoot(t *testing.T, extra ...string) (*testenv.Daemon, string) {
 	return d, h.Path("workspace/bin/tool42")
 }
 
-// atk9cBackChannelOuter is the caller (65534): a socketpair end as the
+// backChannelOuter is the caller (65534): a socketpair end as the
 // run's stdin; it waits for the command to send it a socket, and sends the
 // command, over that socket, tool42 and git.
-const atk9cBackChannelOuter = `
+const backChannelOuter = `
 import socket, os, subprocess, sys
 condfs, sock, tool, inner = sys.argv[1:5]
 a, b = socket.socketpair()
@@ -528,10 +521,10 @@ sys.stdout.write(out.decode(errors="replace"))
 print("rc", p.returncode)
 `
 
-// atk9cBackChannelInner is the command: it makes a socketpair of its own
+// backChannelInner is the command: it makes a socketpair of its own
 // (SO_PASSRIGHTS on, as every new socket), sends one end out through
 // stdin (the caller's end takes descriptors), and receives on the other.
-const atk9cBackChannelInner = atk7Exec + `
+const backChannelInner = execRules + `
 import socket
 b = socket.socket(fileno=0)
 c1, c2 = socket.socketpair()
@@ -562,9 +555,9 @@ if len(fds) >= 3:
     os.execv("/lib64/ld-linux-x86-64.so.2", ["ld.so", "/proc/self/fd/%d" % fds[1], "--version"])
 `
 
-func atk9cVerdict(t *testing.T, out, how string) {
+func backChannelVerdict(t *testing.T, out, how string) {
 	t.Helper()
-	atk8Verdict(t, out, how)
+	stdinVerdict(t, out, how)
 	if strings.Contains(out, "memfd-exec-ran") {
 		t.Errorf("HOLE: %s: the command received a memfd holding /usr/bin/echo and executed it (fexecve), not in binaries", how)
 	}
@@ -583,21 +576,21 @@ func atk9cVerdict(t *testing.T, out, how string) {
 // memfd of echo ran). Unprivileged daemon. Fixed: no socket is stdio.
 func TestStdinSocketPassesNoDescriptorsOut(t *testing.T) {
 	a := testenv.StartUnprivHome(t, testenv.UnprivRules, nil)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", atk9cBackChannelOuter,
-		testenv.Condfs(), a.Socket, a.Home.Path("workspace/bin/tool42"), atk9cBackChannelInner)
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", backChannelOuter,
+		testenv.Condfs(), a.Socket, a.Home.Path("workspace/bin/tool42"), backChannelInner)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
-	atk9cVerdict(t, string(out), "a socketpair end as stdin, the command sent a socket of its own out through it")
+	backChannelVerdict(t, string(out), "a socketpair end as stdin, the command sent a socket of its own out through it")
 }
 
 // TestStdinSocketPassesNoDescriptorsOutRootDaemon: the same on a root daemon.
 func TestStdinSocketPassesNoDescriptorsOutRootDaemon(t *testing.T) {
-	d, tool := atk9cRoot(t)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", atk9cBackChannelOuter,
-		testenv.Condfs(), d.Socket, tool, atk9cBackChannelInner)
+	d, tool := rootStdinHome(t)
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", backChannelOuter,
+		testenv.Condfs(), d.Socket, tool, backChannelInner)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
-	atk9cVerdict(t, string(out), "root daemon: a socketpair end as stdin, the command sent a socket of its own out through it")
+	backChannelVerdict(t, string(out), "root daemon: a socketpair end as stdin, the command sent a socket of its own out through it")
 }
 
 // TestStdinInetSocketReachesNoNetwork: with network = "none" the run has only a
@@ -635,7 +628,7 @@ try:
 except OSError as e:
     print("connect:", e, flush=True)
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", outer, testenv.Condfs(), a.Socket, inner)
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", outer, testenv.Condfs(), a.Socket, inner)
 	out, _ := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if strings.Contains(string(out), "escaped-the-run-netns") {
@@ -646,8 +639,8 @@ except OSError as e:
 // TestRunStdioIsAStreamOfItsOwn: what a client passes as a run's stdio is a stream of
 // its own, never more. A second connection to the control socket passed as
 // stdin let the command call context.set from inside the run (from a guild
-// into a DM, then read the DM's private file): found by an attacker's
-// review, now refused (125) with nothing run, as are a pidfd, an epoll
+// into a DM, then read the DM's private file); it is refused (125) with
+// nothing run, as are a pidfd, an epoll
 // instance, a memfd (Landlock does not govern its mount: fexecve), a
 // regular file on a mount that allows execution and /dev/zero (the command
 // could map them executable: TestStdinFileOnExecMountNeverExecutes), a socket (a Unix
@@ -658,7 +651,7 @@ func TestRunStdioIsAStreamOfItsOwn(t *testing.T) {
 	d.SetContext("s", testenv.Guild)
 	const script = `printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"context.set","params":{"session":"s","context":["discord:dm","discord:dm:7"]}}' >&0; sleep 0.3; echo ran > /workspace/ran; cat /memories/private/p.md`
 	for _, kind := range []string{"ctl", "pidfd", "epoll", "memfd", "execfile", "zero", "unix", "tcp", "four"} {
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Attacker(), "runstdio", d.Socket, "s", kind, script)
+		cmd := testenv.CommandAs(testenv.Nobody, testenv.Attacker(), "runstdio", d.Socket, "s", kind, script)
 		out, _ := cmd.CombinedOutput()
 		if !strings.Contains(string(out), `"code":-32010`) && !strings.Contains(string(out), "cannot be stdio") && !strings.Contains(string(out), "descriptors") {
 			t.Errorf("%s as stdio: %s", kind, out)
@@ -714,7 +707,7 @@ func TestStdinFileOnExecMountNeverExecutes(t *testing.T) {
 	// mount (not listed: writable), then execve of /proc/self/fd/0
 	// (Landlock grants execution beneath /workspace, which lists view
 	// paths; the descriptor's mount is the host's, exec).
-	if o, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "chmod", "755", a.Mnt+"/workspace/g").CombinedOutput(); err != nil {
+	if o, err := testenv.CommandAs(testenv.Nobody, "chmod", "755", a.Mnt+"/workspace/g").CombinedOutput(); err != nil {
 		t.Fatalf("chmod: %v %s", err, o)
 	}
 	out, code := a.Run(t, "< "+a.Mnt+"/workspace/g", "python3", "-c", "import os; os.execv('/proc/self/fd/0', ['git', '--version'])")

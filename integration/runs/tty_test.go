@@ -67,7 +67,7 @@ func (p *hostPTY) output() string {
 // start runs condfs run as 65534 on the terminal, as its session leader.
 func (p *hostPTY) start(t *testing.T, d *testenv.Daemon, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--tty"}, args...)...)
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), append([]string{"run", "--socket", d.Socket, "--session", "s", "--tty"}, args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.slave, p.slave, p.slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := cmd.Start(); err != nil {

@@ -3,7 +3,6 @@ package runs
 import (
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -11,10 +10,10 @@ import (
 	"github.com/condfs/condfs/internal/testenv"
 )
 
-// atkAllBinRules: /workspace/bin/ listed, no exec rule on it: allowed in
+// allBinRules: /workspace/bin/ listed, no exec rule on it: allowed in
 // every context, so a run may always execute it and (the docs) never
 // write it.
-const atkAllBinRules = testenv.PrivateRule + `
+const allBinRules = testenv.PrivateRule + `
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/tr", "/workspace/bin/", "/workspace/tool.sh"]
 `
@@ -26,9 +25,9 @@ binaries = ["/bin/sh", "/usr/bin/tr", "/workspace/bin/", "/workspace/tool.sh"]
 // cwd into the very directory the bind shows, and runs what it wrote
 // (a copy of git, which binaries does not list) by the bind.
 func TestViewBinaryCwdBeforeBindRunsNothing(t *testing.T) {
-	d := atkHome(t, viewBinRules)
+	d := binHome(t, viewBinRules)
 	d.SetContext("s", testenv.Guild)
-	_, stdin, lines := atkShell(t, d, `cd /workspace/bin && echo in-bin; read x
+	_, stdin, lines := binShell(t, d, `cd /workspace/bin && echo in-bin; read x
 { echo x > /workspace/bin/direct; } 2>&1 | tr -d '\n'; echo " <- by the bind"
 tr a a < /usr/lib/git-core/git > ./true && echo wrote-through-cwd
 /workspace/bin/true --version; echo "status $?"`)
@@ -53,8 +52,8 @@ tr a a < /usr/lib/git-core/git > ./true && echo wrote-through-cwd
 // /workspace/bin/true by git (not listed) and runs it, and the change
 // stays in the workspace for every later run.
 func TestViewBinaryRebindLeavesNoWritableWindow(t *testing.T) {
-	d := atkHome(t, atkAllBinRules)
-	_, stdin, lines := atkShell(t, d, `echo started
+	d := binHome(t, allBinRules)
+	_, stdin, lines := binShell(t, d, `echo started
 i=0
 while :; do
   cd /workspace/bin 2>/dev/null
@@ -117,7 +116,7 @@ tr a a < /usr/lib/git-core/git > ./true && echo wrote-through-cwd
 // next Allow, or simply the session's next command, binds what the view
 // shows there now: the run's own file, executable.
 func TestViewBinaryParentRenameKeepsBindReadOnly(t *testing.T) {
-	d := atkHome(t, testenv.PrivateRule+`
+	d := binHome(t, testenv.PrivateRule+`
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/tr", "/usr/bin/mv", "/usr/bin/mkdir", "/workspace/tools/bin/"]
 `)
@@ -138,7 +137,7 @@ tr a a < /usr/lib/git-core/git > /workspace/tools/bin/g && echo planted
 	}
 	// Within one run: the next context.set (here to the same context) binds
 	// the run's own directory.
-	_, stdin, lines := atkShell(t, d, `mv /workspace/tools /workspace/old2 && mkdir -p /workspace/tools/bin &&
+	_, stdin, lines := binShell(t, d, `mv /workspace/tools /workspace/old2 && mkdir -p /workspace/tools/bin &&
 tr a a < /usr/lib/git-core/git > /workspace/tools/bin/g2 && echo it-is; echo planted
 read x; `+ld+` /workspace/tools/bin/g2 --version; echo "after set: $?"`)
 	if o, ok := waitLine(t, lines, "planted", 20*time.Second); !ok {
@@ -156,7 +155,7 @@ read x; `+ld+` /workspace/tools/bin/g2 --version; echo "after set: $?"`)
 // TestViewBinaryMountOptions: what the run sees of its mounts (propagation,
 // options of the view and of the binds).
 func TestViewBinaryMountOptions(t *testing.T) {
-	d := atkHome(t, viewBinRules)
+	d := binHome(t, viewBinRules)
 	out, code := testenv.CondfsRun(t, d, "", "--", "sh", "-c", `while read l; do echo "$l"; done < /proc/self/mountinfo`)
 	t.Logf("(%d)\n%s", code, out)
 }
@@ -167,8 +166,8 @@ func TestViewBinaryMountOptions(t *testing.T) {
 // made noexec (detachView gets EINVAL, "gone"): a shell standing in it
 // tries to execute from its cwd after a switch disallows /workspace/bin/.
 func TestViewBinaryKernelDetachedBindNeverExecutes(t *testing.T) {
-	d := atkHome(t, viewBinRules)
-	_, stdin, lines := atkShell(t, d, `cd /workspace/bin && ./hello.sh && echo ready
+	d := binHome(t, viewBinRules)
+	_, stdin, lines := binShell(t, d, `cd /workspace/bin && ./hello.sh && echo ready
 read x; ls_out=$(echo *); echo "cwd holds: $ls_out"; ./hello.sh; echo "before switch: $?"; echo checked
 read x; ./hello.sh; echo "after switch sh: $?"; ./true; echo "after switch elf: $?"; /lib64/ld-linux-x86-64.so.2 ./true; echo "after switch ld: $?"`)
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok {
@@ -200,8 +199,8 @@ read x; ./hello.sh; echo "after switch sh: $?"; ./true; echo "after switch elf: 
 // execve of /proc/self/fd/N, the ELF interpreter on it, a path relative
 // to the directory's descriptor.
 func TestViewBinaryHeldDescriptorStopsAtSwitch(t *testing.T) {
-	d := atkHome(t, viewBinRules)
-	_, stdin, lines := atkShell(t, d, `exec 3< /workspace/bin/true 4< /workspace/bin; /proc/self/fd/3; echo "allowed: $?"
+	d := binHome(t, viewBinRules)
+	_, stdin, lines := binShell(t, d, `exec 3< /workspace/bin/true 4< /workspace/bin; /proc/self/fd/3; echo "allowed: $?"
 read x; /proc/self/fd/3; echo "fd exec: $?"; /lib64/ld-linux-x86-64.so.2 /proc/self/fd/3; echo "fd ld: $?"
 /proc/self/fd/4/true; echo "dirfd exec: $?"; /proc/self/fd/4/hello.sh; echo "dirfd sh: $?"; echo end`)
 	if o, ok := waitLine(t, lines, "allowed", 20*time.Second); !ok || !strings.Contains(o, "allowed: 0") {
@@ -226,7 +225,7 @@ read x; /proc/self/fd/3; echo "fd exec: $?"; /lib64/ld-linux-x86-64.so.2 /proc/s
 // name whose kind does not match; for view paths it cannot, and nothing
 // else does.
 func TestViewBinaryDirAndFileAreOneSlot(t *testing.T) {
-	d := atkHome(t, testenv.PrivateRule+`
+	d := binHome(t, testenv.PrivateRule+`
 [sandbox]
 binaries = ["/bin/sh", "/workspace/bin/", "/workspace/bin"]
 
@@ -254,7 +253,7 @@ action = "allow"
 // name is allowed in a guild (dirAllowed: no rule on /workspace/tool/\x00,
 // no key beneath), so the file is bound executable in a guild.
 func TestViewBinaryFileAndDirAreOneSlot(t *testing.T) {
-	d := atkHome(t, testenv.PrivateRule+`
+	d := binHome(t, testenv.PrivateRule+`
 [sandbox]
 binaries = ["/bin/sh", "/workspace/tool", "/workspace/tool/"]
 
@@ -285,8 +284,8 @@ action = "allow"
 // its cwd after the reload made /workspace/bin/ DM-less (guild only).
 func TestViewBinaryCwdAcrossReload(t *testing.T) {
 	rules := strings.Replace(viewBinRules, `"/usr/bin/tr",`, `"/usr/bin/tr", "/usr/bin/python3",`, 1)
-	d := atkHome(t, rules)
-	_, stdin, lines := atkShell(t, d, `cd /workspace/bin && ./hello.sh && echo ready
+	d := binHome(t, rules)
+	_, stdin, lines := binShell(t, d, `cd /workspace/bin && ./hello.sh && echo ready
 read x; python3 -c 'import os; print("cwd noexec:", bool(os.statvfs(".").f_flag & 8))'
 ./hello.sh; echo "sh: $?"; ./true; echo "elf: $?"; /lib64/ld-linux-x86-64.so.2 ./true; echo "ld: $?"; /workspace/bin/hello.sh; echo "bypath: $?"; echo end`)
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok {
@@ -324,12 +323,12 @@ binaries = ["/bin/sh", "/usr/bin/python3", "/workspace/tool.sh"]
 when = "discord:dm"
 action = "allow"
 `
-	d := atkHome(t, rules)
+	d := binHome(t, rules)
 	d.Home.Write("workspace/other.sh", "#!/bin/sh\necho other\n")
 	os.Chmod(d.Home.Path("workspace/other.sh"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
 	mnt := d.Home.Path("mnt/s")
-	_, stdin, lines := atkShell(t, d, `exec 3< /workspace/tool.sh; /proc/self/fd/3; echo ready
+	_, stdin, lines := binShell(t, d, `exec 3< /workspace/tool.sh; /proc/self/fd/3; echo ready
 read x; python3 -c 'import os; print("fd noexec:", bool(os.fstatvfs(3).f_flag & 8))'
 /proc/self/fd/3; echo "fd: $?"; python3 -c 'import os; os.execve(3, ["x"], {})'; echo "fexecve: $?"; /workspace/tool.sh; echo "path: $?"; echo end`)
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok || !strings.Contains(o, "tool-ran") {
@@ -337,7 +336,7 @@ read x; python3 -c 'import os; print("fd noexec:", bool(os.fstatvfs(3).f_flag & 
 	}
 	// The listed file is read-only through the view: the rename over it,
 	// which had the kernel detach the run's bind, is refused.
-	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "mv", mnt+"/workspace/other.sh", mnt+"/workspace/tool.sh").CombinedOutput(); err == nil || !strings.Contains(string(out), "Read-only file system") {
+	if out, err := testenv.CommandAs(testenv.Nobody, "mv", mnt+"/workspace/other.sh", mnt+"/workspace/tool.sh").CombinedOutput(); err == nil || !strings.Contains(string(out), "Read-only file system") {
 		t.Errorf("mv over a listed file through the view: %v %s", err, out)
 	}
 	d.SetContext("s", testenv.Guild)
@@ -356,16 +355,16 @@ read x; python3 -c 'import os; print("fd noexec:", bool(os.fstatvfs(3).f_flag & 
 // only) runs after the switch to a guild has returned.
 func TestViewBinaryRenamedOverNeverMapsExecutable(t *testing.T) {
 	for _, mode := range []string{"control", "agent-renames-over", "backing-renamed-over"} {
-		t.Run(mode, func(t *testing.T) { atkKernelDetachedMmap(t, mode) })
+		t.Run(mode, func(t *testing.T) { kernelDetachedMmap(t, mode) })
 	}
 }
 
-// atkKernelDetachedMmap: "control" changes nothing before the switch;
+// kernelDetachedMmap: "control" changes nothing before the switch;
 // "agent-renames-over" saves over the listed file through the view (now
 // refused); "backing-renamed-over" does it in the backing tree, outside
 // every view, and a stat through the view has the kernel drop the run's
 // bind itself: the switch that withdraws it then kills the run.
-func atkKernelDetachedMmap(t *testing.T, mode string) {
+func kernelDetachedMmap(t *testing.T, mode string) {
 	rules := testenv.PrivateRule + `
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/python3", "/workspace/tool"]
@@ -374,7 +373,7 @@ binaries = ["/bin/sh", "/usr/bin/python3", "/workspace/tool"]
 when = "discord:dm"
 action = "allow"
 `
-	d := atkHome(t, rules)
+	d := binHome(t, rules)
 	// tool: machine code "mov eax, 42; ret" (a stand-in for any program's
 	// text), and a replacement for the agent's editor to save over it.
 	d.Home.Write("workspace/tool", "\xb8\x2a\x00\x00\x00\xc3")
@@ -382,7 +381,7 @@ action = "allow"
 	os.Chmod(d.Home.Path("workspace/tool"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
 	mnt := d.Home.Path("mnt/s")
-	_, stdin, lines := atkShell(t, d, `python3 -c '
+	_, stdin, lines := binShell(t, d, `python3 -c '
 import os, mmap, ctypes, sys
 fd = os.open("/workspace/tool", os.O_RDONLY)  # through the bind, while allowed
 print("ready", flush=True)
@@ -408,11 +407,11 @@ for l in open("/proc/self/maps"):
 		if err := os.Rename(d.Home.Path("workspace/tool.new"), d.Home.Path("workspace/tool")); err != nil {
 			t.Fatal(err)
 		}
-		exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "stat", mnt+"/workspace/tool").Run()
+		testenv.CommandAs(testenv.Nobody, "stat", mnt+"/workspace/tool").Run()
 	case "agent-renames-over":
 		// The agent's editor saves by rename over the file, through its view.
 		// Refused now: the listed file is read-only through the view.
-		if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "mv", mnt+"/workspace/tool.new", mnt+"/workspace/tool").CombinedOutput(); err == nil || !strings.Contains(string(out), "Read-only file system") {
+		if out, err := testenv.CommandAs(testenv.Nobody, "mv", mnt+"/workspace/tool.new", mnt+"/workspace/tool").CombinedOutput(); err == nil || !strings.Contains(string(out), "Read-only file system") {
 			t.Errorf("mv over a listed file through the view: %v %s", err, out)
 		}
 	}
@@ -442,11 +441,11 @@ binaries = ["/bin/sh", "/usr/bin/python3", "/workspace/sub/tool"]
 when = "discord:dm"
 action = "allow"
 `
-	d := atkHome(t, rules)
+	d := binHome(t, rules)
 	d.Home.Write("workspace/sub/tool", "\xb8\x2a\x00\x00\x00\xc3")
 	os.Chmod(d.Home.Path("workspace/sub/tool"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
-	_, stdin, lines := atkShell(t, d, `python3 -c '
+	_, stdin, lines := binShell(t, d, `python3 -c '
 import os, mmap, ctypes, sys
 fd = os.open("/workspace/sub/tool", os.O_RDONLY)
 try:

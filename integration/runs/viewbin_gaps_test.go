@@ -10,11 +10,11 @@ import (
 	"github.com/condfs/condfs/internal/testenv"
 )
 
-// atk5SecretRules: /workspace/bin/ executable in DMs only (vb2Rules), and
+// binSecretRules: /workspace/bin/ executable in DMs only (staleBinRules), and
 // /workspace/bin/secret shown in guilds only. No context allows a run to
 // execute secret: in a DM the view hides it, in a guild /workspace/bin/ may
 // not run.
-var atk5SecretRules = vb2Rules + `
+var binSecretRules = staleBinRules + `
 [workspace."/bin/secret"]
 when = "discord:guild:1"
 action = "allow"
@@ -25,7 +25,7 @@ action = "allow"
 // in between, the guild's view shows bin/secret beneath the DM's still
 // executable bind. A run that keeps trying to execute it runs it.
 func TestViewBinaryNoWindowAtSwitch(t *testing.T) {
-	d := vb2Home(t, atk5SecretRules)
+	d := staleBinHome(t, binSecretRules)
 	d.Home.Write("workspace/bin/secret", "#!/bin/sh\necho PWNED-SECRET-RAN\n")
 	os.Chmod(d.Home.Path("workspace/bin/secret"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
@@ -58,7 +58,7 @@ func TestViewBinaryNoWindowAtSwitch(t *testing.T) {
 // if secret ever ran. A run killed meanwhile ran nothing: it is logged.
 func secretWindow(t *testing.T, d *testenv.Daemon, rounds int, step func(i int)) {
 	t.Helper()
-	_, stdin, lines := atkShell(t, d, `python3 -c '
+	_, stdin, lines := binShell(t, d, `python3 -c '
 import os, sys
 fds = [os.open("/workspace/w.txt", os.O_RDONLY) for i in range(900)]
 import time; time.sleep(3600)' &
@@ -97,13 +97,13 @@ echo end`)
 	}
 }
 
-// TestViewBinaryHostSyscallsChangeNothing: as 65534 through the host view mount, syscalls the
-// earlier reviews did not try on listed paths.
+// TestViewBinaryHostSyscallsChangeNothing: as 65534 through the host view
+// mount, every other syscall that changes a listed path is refused.
 func TestViewBinaryHostSyscallsChangeNothing(t *testing.T) {
-	d, mnt := atk3Home(t, vb2Rules)
+	d, mnt := linkedBinHome(t, staleBinRules)
 	d.Home.Write("workspace/plain.txt", "plain\n")
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
-	w := atk3Nobody(t, `
+	w := runAsNobody(t, `
 import os, sys, ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
 m = sys.argv[1] + "/workspace"
@@ -182,16 +182,16 @@ func TestViewBinaryNoWindowAtReload(t *testing.T) {
 	rulesB := strings.NewReplacer(
 		"[workspace.\"/bin/secret\"]\nwhen = \"discord:guild:1\"", "[workspace.\"/bin/secret\"]\nwhen = \"discord:dm\"",
 		"[exec.\"/workspace/bin/\"]\nwhen = \"discord:dm\"", "[exec.\"/workspace/bin/\"]\nwhen = \"discord:guild:1\"",
-	).Replace(atk5SecretRules)
-	if strings.Count(rulesB, "discord:guild:1") != 1 || rulesB == atk5SecretRules {
+	).Replace(binSecretRules)
+	if strings.Count(rulesB, "discord:guild:1") != 1 || rulesB == binSecretRules {
 		t.Fatalf("rules B:\n%s", rulesB)
 	}
-	d := vb2Home(t, atk5SecretRules)
+	d := staleBinHome(t, binSecretRules)
 	d.Home.Write("workspace/bin/secret", "#!/bin/sh\necho PWNED-SECRET-RAN\n")
 	os.Chmod(d.Home.Path("workspace/bin/secret"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
 	secretWindow(t, d, 6, func(i int) {
-		vb2Reload(t, d, rulesB, i)
-		vb2Reload(t, d, atk5SecretRules, i)
+		reloadRules(t, d, rulesB, i)
+		reloadRules(t, d, binSecretRules, i)
 	})
 }

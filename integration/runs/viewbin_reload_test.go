@@ -3,7 +3,6 @@ package runs
 import (
 	"bufio"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +10,8 @@ import (
 	"github.com/condfs/condfs/internal/testenv"
 )
 
-// atk3Home is vb2Home, also returning the host mountpoint of session s's view.
-func atk3Home(t *testing.T, rules string) (*testenv.Daemon, string) {
+// linkedBinHome is staleBinHome, also returning the host mountpoint of session s's view.
+func linkedBinHome(t *testing.T, rules string) (*testenv.Daemon, string) {
 	t.Helper()
 	d, mnt := testenv.RunHomeWith(t, rules)
 	h := d.Home
@@ -28,11 +27,11 @@ func atk3Home(t *testing.T, rules string) (*testenv.Daemon, string) {
 	return d, mnt
 }
 
-// atk3Nobody starts a python3 script as 65534 on the host (the agent's own
+// runAsNobody starts a python3 script as 65534 on the host (the agent's own
 // access to its view mount) and returns a channel of its output lines.
-func atk3Nobody(t *testing.T, script string, args ...string) chan string {
+func runAsNobody(t *testing.T, script string, args ...string) chan string {
 	t.Helper()
-	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script}, args...)...)
+	cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", append([]string{"-c", script}, args...)...)
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
@@ -50,9 +49,9 @@ func atk3Nobody(t *testing.T, script string, args ...string) chan string {
 	return lines
 }
 
-// atk3Writer: as 65534 through the host view mount, try to rewrite
+// linkedWriter: as 65534 through the host view mount, try to rewrite
 // argv[1] in place ("mov eax, 1337; ret") until the view lets it.
-const atk3Writer = `
+const linkedWriter = `
 import os, sys, time
 p = sys.argv[1]
 dfd = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY)
@@ -71,9 +70,9 @@ while True:
             print("writer:", e.strerror, n, flush=True)
 `
 
-// atk3Runner: in the run, hold /workspace/bin/tool42 through the bind
+// linkedRunner: in the run, hold /workspace/bin/tool42 through the bind
 // and, once its bytes change, map it executable and call it.
-const atk3Runner = `python3 -c '
+const linkedRunner = `python3 -c '
 import os, sys
 fds = [os.open("/workspace/w.txt", os.O_RDONLY) for i in range(900)]
 import time; time.sleep(3600)' &
@@ -108,21 +107,21 @@ print("end", flush=True)
 // session writes its own bytes into the listed file through its view mount,
 // and the run maps them executable through the still-attached bind.
 func TestViewBinaryUnlistedAtReloadNeverExecutes(t *testing.T) {
-	after := strings.Replace(vb2Rules, `"/workspace/bin/", `, ``, 1)
-	if after == vb2Rules {
+	after := strings.Replace(staleBinRules, `"/workspace/bin/", `, ``, 1)
+	if after == staleBinRules {
 		t.Fatal("rules not changed")
 	}
-	d, mnt := atk3Home(t, vb2Rules)
-	_, _, lines := atkShell(t, d, atk3Runner)
+	d, mnt := linkedBinHome(t, staleBinRules)
+	_, _, lines := binShell(t, d, linkedRunner)
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok {
 		t.Fatalf("%q", o)
 	}
-	w := atk3Nobody(t, atk3Writer, mnt+"/workspace/bin/tool42")
+	w := runAsNobody(t, linkedWriter, mnt+"/workspace/bin/tool42")
 	if o, ok := waitLine(t, w, "writer ready", 10*time.Second); !ok {
 		t.Fatalf("%q", o)
 	}
 	time.Sleep(300 * time.Millisecond)
-	vb2Reload(t, d, after, 0)
+	reloadRules(t, d, after, 0)
 	wo, _ := waitLine(t, w, "writer: wrote", 10*time.Second)
 	t.Logf("writer:\n%s", wo)
 	o, _ := waitLine(t, lines, "end", 35*time.Second)
@@ -149,7 +148,7 @@ binaries = ["/bin/sh", "/usr/bin/python3", "/memories/bin/", "/memories/a/b/tool
 	os.Chmod(d.Home.Path("memories/bin/t.sh"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("memories"), testenv.Nobody)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
-	w := atk3Nobody(t, `
+	w := runAsNobody(t, `
 import os, sys
 m = sys.argv[1]
 def tr(name, f):
@@ -198,12 +197,12 @@ print("done", flush=True)
 func TestViewBinaryWithLinkedWriterNeverRuns(t *testing.T) {
 	// Before: the workspace lists no path for runs (so the hard-link
 	// rule is off there, and the session may make a second name).
-	before := strings.Replace(vb2Rules, `, "/workspace/bin/", "/workspace/tool.sh", "/workspace/link/"`, ``, 1)
-	if before == vb2Rules {
+	before := strings.Replace(staleBinRules, `, "/workspace/bin/", "/workspace/tool.sh", "/workspace/link/"`, ``, 1)
+	if before == staleBinRules {
 		t.Fatalf("rules not changed: %s", before)
 	}
-	d, mnt := atk3Home(t, before)
-	w := atk3Nobody(t, `
+	d, mnt := linkedBinHome(t, before)
+	w := runAsNobody(t, `
 import os, sys, time
 m = sys.argv[1] + "/workspace/"
 os.link(m + "tool.sh", m + "alias")
@@ -225,7 +224,7 @@ print("done", flush=True)
 	if o, ok := waitLine(t, w, "held", 10*time.Second); !ok {
 		t.Fatalf("%q", o)
 	}
-	vb2Reload(t, d, vb2Rules, 0)
+	reloadRules(t, d, staleBinRules, 0)
 	o, ok := waitLine(t, w, "done", 20*time.Second)
 	t.Logf("writer:\n%s", o)
 	if !ok {

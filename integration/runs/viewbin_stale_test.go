@@ -12,12 +12,12 @@ import (
 	"github.com/condfs/condfs/internal/testenv"
 )
 
-// vb2Rules: /workspace/bin/ allowed in DMs only; python3 for probes.
-var vb2Rules = strings.Replace(viewBinRules, `"/usr/bin/tr",`, `"/usr/bin/tr", "/usr/bin/python3",`, 1)
+// staleBinRules: /workspace/bin/ allowed in DMs only; python3 for probes.
+var staleBinRules = strings.Replace(viewBinRules, `"/usr/bin/tr",`, `"/usr/bin/tr", "/usr/bin/python3",`, 1)
 
-func vb2Home(t *testing.T, rules string) *testenv.Daemon {
+func staleBinHome(t *testing.T, rules string) *testenv.Daemon {
 	t.Helper()
-	d := atkHome(t, rules)
+	d := binHome(t, rules)
 	echoELF, err := os.ReadFile("/usr/bin/echo")
 	if err != nil {
 		t.Fatal(err)
@@ -32,13 +32,13 @@ func vb2Home(t *testing.T, rules string) *testenv.Daemon {
 	return d
 }
 
-// vb2Script: hold /workspace/bin/tool42 open through the bind (allowed),
+// binScript: hold /workspace/bin/tool42 open through the bind (allowed),
 // walk /workspace/bin in the background (a stale dentry is revalidated,
 // and invalidated with its mount, as soon as the epoch moves) while 900
 // open files lengthen the revoke between the epoch bump and allowRuns;
 // at the first "go" stop; after the disallowing switch map the held fd
 // executable and call it.
-const vb2Script = `cd /workspace/bin && ./echo in-bind && echo ready
+const binScript = `cd /workspace/bin && ./echo in-bind && echo ready
 P=""
 for i in 1 2 3; do ( while :; do [ -e /workspace/bin/echo ]; done ) & P="$P $!"; done
 # Many open files in the view: each update's revoke decides each one,
@@ -75,7 +75,7 @@ for l in open("/proc/self/maps"):
 print("end", flush=True)
 ' $P`
 
-func vb2Reload(t *testing.T, d *testenv.Daemon, rules string, n int) {
+func reloadRules(t *testing.T, d *testenv.Daemon, rules string, n int) {
 	t.Helper()
 	before := strings.Count(d.Log(), "conditions reloaded")
 	d.Home.Write("config/conditions.toml", rules+strings.Repeat("\n# touched\n", n))
@@ -98,7 +98,7 @@ func vb2Reload(t *testing.T, d *testenv.Daemon, rules string, n int) {
 // PROT_EXEC from it and called (a cwd there does not help: Landlock
 // refuses every open beneath a detached mount).
 func TestViewBinaryStaleBindGoneAtReload(t *testing.T) {
-	staleBind(t, func(d *testenv.Daemon) { vb2Reload(t, d, vb2Rules, 1) })
+	staleBind(t, func(d *testenv.Daemon) { reloadRules(t, d, staleBinRules, 1) })
 }
 
 // TestViewBinaryStaleBindGoneAtSwitch (E2): as E1, with a context.set between two
@@ -110,12 +110,12 @@ func TestViewBinaryStaleBindGoneAtSwitch(t *testing.T) {
 	})
 }
 
-// staleBind runs vb2Script in a DM, makes the update that keeps
+// staleBind runs binScript in a DM, makes the update that keeps
 // /workspace/bin/ allowed, then switches to a guild, where it is not: the
 // file held through the bind must not be called.
 func staleBind(t *testing.T, update func(d *testenv.Daemon)) {
-	d := vb2Home(t, vb2Rules)
-	_, stdin, lines := atkShell(t, d, vb2Script)
+	d := staleBinHome(t, staleBinRules)
+	_, stdin, lines := binShell(t, d, binScript)
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok {
 		t.Fatalf("%q", o)
 	}
@@ -151,11 +151,11 @@ binaries = ["/bin/sh", "/usr/bin/python3", "/usr/bin/cat"]
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/python3", "/usr/bin/cat", "/workspace/tool.sh"]
 `
-	d := atkHome(t, before)
+	d := binHome(t, before)
 	d.Home.Write("workspace/tool.sh", "#!/bin/sh\necho trusted-tool-ran\n"+strings.Repeat("#", 100)+"\n")
 	os.Chmod(d.Home.Path("workspace/tool.sh"), 0o755)
 	testenv.ChownTree(t, d.Home.Path("workspace"), testenv.Nobody)
-	_, stdin, lines := atkShell(t, d, `exec python3 -c '
+	_, stdin, lines := binShell(t, d, `exec python3 -c '
 import os, sys, mmap
 fd = os.open("/workspace/tool.sh", os.O_RDWR)
 m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -189,7 +189,7 @@ sys.stdin.readline()
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok {
 		t.Fatalf("%q", o)
 	}
-	vb2Reload(t, d, after, 0)
+	reloadRules(t, d, after, 0)
 	io.WriteString(stdin, "go\n")
 	o, _ := waitLine(t, lines, "mapped write done", 20*time.Second)
 	t.Logf("writer:\n%s", o)
@@ -216,7 +216,7 @@ sys.stdin.readline()
 // executable after the switch to a guild (which withdraws bin/).
 func TestViewBinaryDetachedAtEpochNeverExecutes(t *testing.T) {
 	a := testenv.StartUnprivHome(t, testenv.UnprivRules, nil)
-	_, stdin, lines := a.Shell(t, strings.Replace(vb2Script, "900", "300", 1))
+	_, stdin, lines := a.Shell(t, strings.Replace(binScript, "900", "300", 1))
 	if o, ok := waitLine(t, lines, "ready", 20*time.Second); !ok {
 		t.Fatalf("%q\n%s", o, testenv.Tail(a.Logs(), 20))
 	}
@@ -246,11 +246,11 @@ func TestViewBinaryDetachedAtEpochNeverExecutes(t *testing.T) {
 	}
 }
 
-// atkShell starts `condfs run -- sh -c script` as 65534 and returns its
+// binShell starts `condfs run -- sh -c script` as 65534 and returns its
 // stdin and a channel of its output lines (stdout and stderr).
-func atkShell(t *testing.T, d *testenv.Daemon, script string) (*exec.Cmd, io.WriteCloser, chan string) {
+func binShell(t *testing.T, d *testenv.Daemon, script string) (*exec.Cmd, io.WriteCloser, chan string) {
 	t.Helper()
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
 		"sh", "-c", script)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -290,7 +290,7 @@ func waitLine(t *testing.T, lines chan string, want string, d time.Duration) (st
 	}
 }
 
-func atkHome(t *testing.T, rules string) *testenv.Daemon {
+func binHome(t *testing.T, rules string) *testenv.Daemon {
 	t.Helper()
 	d, _ := testenv.RunHomeWith(t, rules)
 	h := d.Home

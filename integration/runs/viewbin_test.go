@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -106,7 +105,7 @@ func TestRunViewBinaries(t *testing.T) {
 // directory away: the bind it stands in is made noexec before it goes.
 func TestViewBinaryCwdRunsNothingAfterSwitch(t *testing.T) {
 	d := viewBinHome(t)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
 		"sh", "-c", `cd /workspace/bin && ./hello.sh && read x && ./hello.sh; ./true; echo "status $?"`)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

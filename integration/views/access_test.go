@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Class 1: O_CREAT without O_EXCL on the hidden second name of a root-only
+// TestCreateOverHiddenHardLinkRefused: O_CREAT without O_EXCL on the hidden second name of a root-only
 // file opened it as root, returned its bytes and chowned it to the caller.
 func TestCreateOverHiddenHardLinkRefused(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
@@ -39,7 +38,7 @@ func TestCreateOverHiddenHardLinkRefused(t *testing.T) {
 	}
 }
 
-// Class 2: ioctl ran on the backing fd with the daemon's capabilities.
+// TestIoctlNeverRunsWithDaemonCapabilities: ioctl ran on the backing fd with the daemon's capabilities.
 func TestIoctlNeverRunsWithDaemonCapabilities(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	f := h.Write("workspace/f.txt", "x")
@@ -51,7 +50,7 @@ func TestIoctlNeverRunsWithDaemonCapabilities(t *testing.T) {
 	}
 }
 
-// Class 3: with two views on one tree, a root-only file renamed onto a name
+// TestCachedNameNeverReopensAnotherFile: with two views on one tree, a root-only file renamed onto a name
 // the first view had cached was read and chmodded through it.
 func TestCachedNameNeverReopensAnotherFile(t *testing.T) {
 	h := testenv.OpenHome(t, "")
@@ -81,7 +80,7 @@ func TestCachedNameNeverReopensAnotherFile(t *testing.T) {
 	}
 }
 
-// Class 9: a directory fd opened before a switch listed names the new
+// TestDirectoryHandleListsByCurrentContext: a directory fd opened before a switch listed names the new
 // context denies.
 func TestDirectoryHandleListsByCurrentContext(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
@@ -106,7 +105,7 @@ func TestDirectoryHandleListsByCurrentContext(t *testing.T) {
 	}
 }
 
-// Class 12 (a guard for new surface, never a hole): ruled files use the page
+// TestMappedRuledFileStopsAtSwitch: ruled files use the page
 // cache, so a shared mapping of one made in a DM must stop reading when the
 // session moves to a guild, with the descriptor long closed.
 func TestMappedRuledFileStopsAtSwitch(t *testing.T) {
@@ -135,7 +134,7 @@ func TestMappedRuledFileStopsAtSwitch(t *testing.T) {
 	}
 }
 
-// Class 10 (lower): the daemon opened backing files as root, so a 0700
+// TestClosedAncestorClosesTheView: the daemon opened backing files as root, so a 0700
 // directory above the backing root, which keeps uid 65534 out natively, did
 // not keep it out of the view.
 func TestClosedAncestorClosesTheView(t *testing.T) {
@@ -189,7 +188,7 @@ func TestClosedAncestorClosesTheView(t *testing.T) {
 	}
 }
 
-// Class 11: the shared connection. Every view of a root daemon is a bind
+// TestSharedConnectionOutOfReach: the shared connection. Every view of a root daemon is a bind
 // mount of one FUSE mount (the hub). The hub itself must be out of every
 // caller's reach; two sessions over the same backing tree must never
 // share a node (go-fuse merges nodes with equal inode numbers, and a node
@@ -253,7 +252,7 @@ func TestSharedConnectionOutOfReach(t *testing.T) {
 	}
 }
 
-// Class 12: a uid the session does not admit reached what the kernel had
+// TestUnadmittedUidReachesNothingCached: a uid the session does not admit reached what the kernel had
 // cached. Admission was checked by the daemon only, and a path walk, a stat
 // or a listing the kernel answers from its cache never reaches the daemon:
 // once the owner had looked, uid 65534 could stat the owner's files through
@@ -302,13 +301,13 @@ func TestUnadmittedUidReachesNothingCached(t *testing.T) {
 	if ok, res := sh.Do("stat", shared+"/memories/notes/a.md"); !ok {
 		t.Fatalf("uid 65534, admitted, cannot stat: %s", res)
 	}
-	other := exec.Command("setpriv", "--reuid=65533", "--regid=65533", "--clear-groups", testenv.Attacker(), "cat", shared+"/memories/notes/a.md")
+	other := testenv.CommandAs(65533, testenv.Attacker(), "cat", shared+"/memories/notes/a.md")
 	if out, _ := other.CombinedOutput(); !strings.HasPrefix(string(out), "errno") {
 		t.Errorf("uid 65533, not admitted, reads through a view that admits 65534: %q", out)
 	}
 }
 
-// Class 13: a mode with no permission bits reached the kernel as 0755 (a
+// TestModeZeroStaysShut: a mode with no permission bits reached the kernel as 0755 (a
 // directory; 0644 a file): go-fuse fills in a zero mode unless told not to
 // (NullPermissions), and the kernel decides by what it is told
 // (default_permissions). After a chmod 000, made through the view or in the
@@ -382,10 +381,6 @@ func TestModeZeroStaysShut(t *testing.T) {
 // TestBackingModesHold: with allow_other, another user gains nothing
 // through the view that the backing modes deny (default_permissions).
 func TestBackingModesHold(t *testing.T) {
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Fatalf("setpriv: %v", err)
-	}
 	h := testenv.NewHome(t, "", "version: 1\n")
 	h.Write("workspace/open.txt", "open")
 	h.Write("workspace/secret.txt", "secret")
@@ -399,7 +394,7 @@ func TestBackingModesHold(t *testing.T) {
 		}
 	}
 	as := func(args ...string) (string, error) {
-		out, err := exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, args...)...).CombinedOutput()
+		out, err := testenv.CommandAs(testenv.Nobody, args[0], args[1:]...).CombinedOutput()
 		return string(out), err
 	}
 	if out, err := as("cat", mnt+"/workspace/open.txt"); err != nil || out != "open" {
@@ -436,7 +431,7 @@ func TestBackingACLsHold(t *testing.T) {
 	os.Chmod(h.Path("workspace/granted"), 0o700)
 	setACL(t, h.Path("workspace/granted"), 7, 5, 0, 0)
 	stat := func(p string) error {
-		out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "stat", "-c", "%s", p).CombinedOutput()
+		out, err := testenv.CommandAs(testenv.Nobody, "stat", "-c", "%s", p).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}

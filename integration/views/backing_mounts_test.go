@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +13,12 @@ import (
 	"github.com/condfs/condfs/internal/testenv"
 )
 
-// atk11Hang is a Python prelude: hang(path) mounts, with the setuid
+// hangScript is a Python prelude: hang(path) mounts, with the setuid
 // fusermount3 any local user may run, a FUSE filesystem at path (an empty
 // directory the caller owns) whose server never answers, not even INIT:
 // every stat of path waits until the process holding the returned
 // descriptor dies.
-const atk11Hang = `
+const hangScript = `
 import socket as _s, subprocess as _sp
 def hang(path):
     a, b = _s.socketpair(_s.AF_UNIX, _s.SOCK_STREAM)
@@ -30,12 +29,11 @@ def hang(path):
     return fds[0]
 `
 
-// atk11Attacker starts a long-lived Python script as uid; it answers
+// pythonPeer starts a long-lived Python script as uid; it answers
 // stdin lines. It returns the first line and a send function.
-func atk11Attacker(t *testing.T, uid int, script string, args ...string) (string, func(string) string, *exec.Cmd) {
+func pythonPeer(t *testing.T, uid int, script string, args ...string) (string, func(string) string, *exec.Cmd) {
 	t.Helper()
-	u := strconv.Itoa(uid)
-	cmd := exec.Command("setpriv", append([]string{"--reuid=" + u, "--regid=" + u, "--clear-groups", "/usr/bin/python3", "-c", script}, args...)...)
+	cmd := testenv.CommandAs(uid, "/usr/bin/python3", append([]string{"-c", script}, args...)...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
@@ -57,24 +55,25 @@ func atk11Attacker(t *testing.T, uid int, script string, args ...string) (string
 	}, cmd
 }
 
-// atk11Unhang kills the attacker (its descriptor of the hung FUSE
+// unhangScript kills the attacker (its descriptor of the hung FUSE
 // connection goes, every request waiting on it fails) and unmounts what
 // it mounted.
-func atk11Unhang(cmd *exec.Cmd, mnt string) {
+func unhangScript(cmd *exec.Cmd, mnt string) {
 	cmd.Process.Kill()
 	cmd.Wait()
 	exec.Command("umount", "-l", mnt).Run()
 }
 
-const atk11SecretRules = `
+const secretRules = `
 [workspace."/secret.txt"]
 when = "tui"
 action = "allow"
 `
 
-// TestFilesystemMountedOnListedNameNeverAsked (fixed: backing.statName never asks a
-// filesystem mounted on a name, and refuses the name with EXDEV): the daemon served a READDIRPLUS
-// entry for a name its view does not know yet with fstatat(dirfd, name)
+// TestFilesystemMountedOnListedNameNeverAsked: backing.statName never asks
+// a filesystem mounted on a name, and refuses the name with EXDEV. The
+// threat: a READDIRPLUS entry for a name the view does not know yet served
+// with fstatat(dirfd, name)
 // (fsys/node.go prepareAt), which crosses a mount: a local user mounts a
 // FUSE filesystem that never answers (fusermount3, setuid; allow_other
 // needs user_allow_other in /etc/fuse.conf, see below) on an empty
@@ -90,7 +89,7 @@ action = "allow"
 // the loop are never invalidated nor their runs' binaries narrowed.
 func TestFilesystemMountedOnListedNameNeverAsked(t *testing.T) {
 	testenv.RequireUnprivilegedFUSE(t) // /dev/fuse 0666, as distributions ship it
-	d := testenv.LimitedDaemonWith(t, atk11SecretRules, 4096)
+	d := testenv.LimitedDaemonWith(t, secretRules, 4096)
 	h := d.Home
 	h.Write("workspace/secret.txt", "SECRET\n")
 	hangDir := h.Path("workspace/hang")
@@ -99,7 +98,7 @@ func TestFilesystemMountedOnListedNameNeverAsked(t *testing.T) {
 	// user of a host whose /etc/fuse.conf has user_allow_other (without
 	// it the daemon, acting as root with the caller's fsuid, gets EACCES
 	// from the kernel and nothing hangs).
-	hfirst, _, hcmd := atk11Attacker(t, 0, testenv.PyCall+atk11Hang+`
+	hfirst, _, hcmd := pythonPeer(t, 0, testenv.PyCall+hangScript+`
 keep = hang(sys.argv[1])
 print("hung", flush=True)
 sys.stdin.readline()
@@ -111,7 +110,7 @@ sys.stdin.readline()
 	// uninterruptibly).
 	var cmd *exec.Cmd
 	defer func() {
-		atk11Unhang(hcmd, hangDir)
+		unhangScript(hcmd, hangDir)
 		if cmd != nil {
 			cmd.Process.Kill()
 			cmd.Wait()
@@ -120,7 +119,7 @@ sys.stdin.readline()
 	if hfirst != "hung" {
 		t.Fatalf("hang: %q", hfirst)
 	}
-	first, send, acmd := atk11Attacker(t, testenv.Nobody, testenv.PyCall+`
+	first, send, acmd := pythonPeer(t, testenv.Nobody, testenv.PyCall+`
 import threading
 sock, views = sys.argv[1], sys.argv[2]
 c = conn(sock)
@@ -174,7 +173,7 @@ action = "deny"
 	}
 }
 
-// TestDeletedMountedNameNeverWedgesReload: the eleventh review's fix states a
+// TestDeletedMountedNameNeverWedgesReload: statName states a
 // listed name with statx (AT_STATX_DONT_SYNC, a mount-id check), so that
 // a FUSE filesystem mounted in the backing tree is never asked. But
 // backing.spacePath (fsys/backing.go), which names what an open handle's
@@ -194,14 +193,14 @@ action = "deny"
 // (Host.revokeMoved, every view) hangs the same way.
 func TestDeletedMountedNameNeverWedgesReload(t *testing.T) {
 	testenv.RequireUnprivilegedFUSE(t)
-	d := testenv.LimitedDaemonWith(t, atk11SecretRules, 4096)
+	d := testenv.LimitedDaemonWith(t, secretRules, 4096)
 	h := d.Home
 	h.Write("workspace/secret.txt", "SECRET\n")
 	hd := h.Path("workspace/hd")
 	os.Mkdir(hd, 0o777)
 	os.Chmod(hd, 0o777)
 	os.WriteFile(filepath.Join(hd, "f (deleted)"), []byte("x\n"), 0o644)
-	first, send, acmd := atk11Attacker(t, testenv.Nobody, testenv.PyCall+`
+	first, send, acmd := pythonPeer(t, testenv.Nobody, testenv.PyCall+`
 sock, views = sys.argv[1], sys.argv[2]
 c = conn(sock)
 r = call(c, "session.open", {"id": "a1", "mount": views + "/a1", "context": ["tui"]})
@@ -218,7 +217,7 @@ for line in sys.stdin:
 	var hcmd *exec.Cmd
 	defer func() {
 		if hcmd != nil {
-			atk11Unhang(hcmd, hd) // first: the hung requests end
+			unhangScript(hcmd, hd) // first: the hung requests end
 		}
 		acmd.Process.Kill()
 		acmd.Wait()
@@ -227,7 +226,7 @@ for line in sys.stdin:
 	if !strings.Contains(first, "opened True") {
 		t.Fatalf("setup: %s", first)
 	}
-	hfirst, _, c2 := atk11Attacker(t, 0, testenv.PyCall+atk11Hang+`
+	hfirst, _, c2 := pythonPeer(t, 0, testenv.PyCall+hangScript+`
 keep = hang(sys.argv[1])
 print("hung", flush=True)
 sys.stdin.readline()
@@ -275,7 +274,7 @@ func TestDeletedMountedNameHangsNoRename(t *testing.T) {
 			<-victimDone
 		}
 	}()
-	d := testenv.LimitedDaemonWith(t, atk11SecretRules, 4096)
+	d := testenv.LimitedDaemonWith(t, secretRules, 4096)
 	h := d.Home
 	victim := d.OpenFor("victim", 1000, testenv.DM)
 	h.Write("workspace/v1.txt", "mine\n")
@@ -284,7 +283,7 @@ func TestDeletedMountedNameHangsNoRename(t *testing.T) {
 	os.Mkdir(hd, 0o777)
 	os.Chmod(hd, 0o777)
 	os.WriteFile(filepath.Join(hd, "f (deleted)"), []byte("x\n"), 0o644)
-	first, _, acmd := atk11Attacker(t, testenv.Nobody, testenv.PyCall+`
+	first, _, acmd := pythonPeer(t, testenv.Nobody, testenv.PyCall+`
 sock, views = sys.argv[1], sys.argv[2]
 c = conn(sock)
 r = call(c, "session.open", {"id": "a1", "mount": views + "/a1", "context": ["tui"]})
@@ -295,7 +294,7 @@ sys.stdin.readline()
 	var hcmd *exec.Cmd
 	defer func() {
 		if hcmd != nil {
-			atk11Unhang(hcmd, hd)
+			unhangScript(hcmd, hd)
 		}
 		acmd.Process.Kill()
 		acmd.Wait()
@@ -303,7 +302,7 @@ sys.stdin.readline()
 	if !strings.Contains(first, "opened True") {
 		t.Fatalf("setup: %s", first)
 	}
-	hfirst, _, c2 := atk11Attacker(t, 0, testenv.PyCall+atk11Hang+`
+	hfirst, _, c2 := pythonPeer(t, 0, testenv.PyCall+hangScript+`
 keep = hang(sys.argv[1])
 print("hung", flush=True)
 sys.stdin.readline()
@@ -312,7 +311,7 @@ sys.stdin.readline()
 	if hfirst != "hung" {
 		t.Fatalf("hang: %q", hfirst)
 	}
-	vcmd := exec.Command("setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "/usr/bin/python3", "-c",
+	vcmd := testenv.CommandAs(1000, "/usr/bin/python3", "-c",
 		`import os, sys; os.rename(sys.argv[1] + "/workspace/v1.txt", sys.argv[1] + "/workspace/v2.txt"); print("renamed")`, victim)
 	if err := vcmd.Start(); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,11 +24,11 @@ import (
 // fresh session at the end.
 func TestSessionCloseWhileFilesBusy(t *testing.T) {
 	for _, conns := range []string{"per-session", "shared"} {
-		t.Run(conns, func(t *testing.T) { atk10CloseWhileBusy(t, conns) })
+		t.Run(conns, func(t *testing.T) { closeWhileBusy(t, conns) })
 	}
 }
 
-func atk10CloseWhileBusy(t *testing.T, conns string) {
+func closeWhileBusy(t *testing.T, conns string) {
 	h := testenv.OpenHome(t, testenv.RunRules)
 	h.Write("config/policy.yaml", testenv.RunPolicy)
 	h.Write("workspace/w.txt", "work\n")
@@ -37,10 +36,10 @@ func atk10CloseWhileBusy(t *testing.T, conns string) {
 	os.Chmod(canary, 0o644)
 	os.Chmod(h.Path("workspace"), 0o777)
 	os.MkdirAll(h.Path("mnt"), 0o777)
-	d := testenv.StartUnder(t, h, []string{"prlimit", "--nofile=2048:2048", "setpriv", "--bounding-set=-sys_resource", "--"},
+	d := testenv.StartUnder(t, h, testenv.NofileLimit(2048),
 		"--allow-uid", "65534", "--socket-mode", "0666", "--connections="+conns)
 	vmnt := d.OpenFor("victim", testenv.Nobody, testenv.DM)
-	reader := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", `
+	reader := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", `
 import os, sys, time
 end = time.time() + float(sys.argv[2])
 n = bad = 0
@@ -93,7 +92,7 @@ print("ops ok", ok[0], "failed", bad[0], flush=True)
 	for i := 0; i < 6; i++ {
 		id := fmt.Sprintf("b%d", i)
 		mnt := d.OpenFor(id, testenv.Nobody, testenv.DM)
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", busy, mnt+"/workspace", strconv.Itoa(i))
+		cmd := testenv.CommandAs(testenv.Nobody, "/usr/bin/python3", "-c", busy, mnt+"/workspace", strconv.Itoa(i))
 		stdout, _ := cmd.StdoutPipe()
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {

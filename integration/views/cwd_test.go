@@ -3,7 +3,6 @@ package views
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,7 +55,7 @@ func TestNewDirectoryKeepsItsNameForItsCwd(t *testing.T) {
 		}
 	}
 	p := mnt + "/workspace/made/by/mkdir-p"
-	if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "mkdir", "-p", p).CombinedOutput(); err != nil {
+	if out, err := testenv.CommandAs(testenv.Nobody, "mkdir", "-p", p).CombinedOutput(); err != nil {
 		t.Fatalf("mkdir -p %s: %v %s", p, err, out)
 	}
 	if ok, res := sh.Do("cd", p); !ok {

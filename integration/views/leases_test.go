@@ -29,7 +29,7 @@ import (
 func TestLeasedFileStallsNoOtherView(t *testing.T) {
 	d := testenv.LimitedDaemon(t, 4096)
 	victim := d.OpenFor("victim", 1000, testenv.DM)
-	cmd := atk11LeaseAll(t, d)
+	cmd := leaseAllScript(t, d)
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	out := testenv.PythonAs(t, 1000, 60*time.Second, `
 import time, sys
@@ -47,10 +47,10 @@ print("read %r in %.1fs" % (data, time.time() - t0))
 	}
 }
 
-// atk11Leaser is a Python prelude for the lease attacks: SIGIO ignored,
+// leaseScript is a Python prelude for the lease attacks: SIGIO ignored,
 // the arguments (socket, views, backing workspace, places), and four
 // sessions a0..a3 of the caller's own under views.
-const atk11Leaser = testenv.PyCall + `
+const leaseScript = testenv.PyCall + `
 import fcntl, signal, threading
 signal.signal(signal.SIGIO, signal.SIG_IGN)
 sock, views, ws, total = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -76,14 +76,14 @@ def opener(v, i):  # open leased file i through view v
         pass
 `
 
-// atk11LeaseAll: uid 65534 opens four sessions, makes as many files of its
+// leaseAllScript: uid 65534 opens four sessions, makes as many files of its
 // own in the backing workspace as the daemon has places (maxActing,
 // 4 x GOMAXPROCS + 8: 16 on 2 cores), takes a write lease on each, and
 // opens each through its views (a quarter a view): every place waits in
 // break_lease.
-func atk11LeaseAll(t *testing.T, d *testenv.Daemon) *exec.Cmd {
+func leaseAllScript(t *testing.T, d *testenv.Daemon) *exec.Cmd {
 	t.Helper()
-	first, _, cmd := atk11Attacker(t, testenv.Nobody, atk11Leaser+`
+	first, _, cmd := pythonPeer(t, testenv.Nobody, leaseScript+`
 leases = lease(total)
 for i in range(total):
     threading.Thread(target=opener, args=(i // per, i), daemon=True).start()
@@ -112,8 +112,8 @@ sys.stdin.readline()
 // four more leased files queued ahead of the listing: no privilege, no
 // special mount, default kernel settings.
 func TestLeasedFileDelaysNoReload(t *testing.T) {
-	d := testenv.LimitedDaemonWith(t, atk11SecretRules, 4096)
-	first, _, cmd := atk11Attacker(t, testenv.Nobody, atk11Leaser+`
+	d := testenv.LimitedDaemonWith(t, secretRules, 4096)
+	first, _, cmd := pythonPeer(t, testenv.Nobody, leaseScript+`
 os.listdir(views + "/a0")
 leases = lease(total + per)
 for i in range(total):
@@ -132,7 +132,7 @@ sys.stdin.readline()
 	if first != "ready" {
 		t.Fatalf("setup: %q", first)
 	}
-	d.Home.Write("config/conditions.toml", atk11SecretRules+"\n# edited\n")
+	d.Home.Write("config/conditions.toml", secretRules+"\n# edited\n")
 	c, err := control.Dial(d.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +147,8 @@ sys.stdin.readline()
 	}
 }
 
-// TestLeaseWaitEndsAtBreakTime (fixed: the wait is bounded by
-// lease-break-time, then EAGAIN): opens are now non-blocking (O_NONBLOCK)
+// TestLeaseWaitEndsAtBreakTime: the wait for a lease is bounded by
+// lease-break-time, then EAGAIN. Opens are non-blocking (O_NONBLOCK)
 // and, on EAGAIN (a lease being broken), retried every 1..100 ms with no
 // open file in between (fsys/node_open.go leased, node_locks.go
 // waitRetry). Natively, a blocked open(2) counts as an open of the file
@@ -174,7 +174,7 @@ func TestLeaseWaitEndsAtBreakTime(t *testing.T) {
 	d := testenv.LimitedDaemon(t, 4096)
 	victim := d.OpenFor("victim", 1000, testenv.DM)
 	leased := d.Home.Path("workspace/l0")
-	first, send, cmd := atk11Attacker(t, testenv.Nobody, `
+	first, send, cmd := pythonPeer(t, testenv.Nobody, `
 import fcntl, signal, os, sys
 p = sys.argv[1]
 with open(p, "w") as f:

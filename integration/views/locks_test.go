@@ -28,7 +28,7 @@ type waiterProc struct {
 // 65534, and returns once each has its descriptor open.
 func startWaiters(t *testing.T, p, kind string, n int) *waiterProc {
 	t.Helper()
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", testenv.Attacker(), "lock", p, kind, strconv.Itoa(n))
+	cmd := testenv.CommandAs(testenv.Nobody, testenv.Attacker(), "lock", p, kind, strconv.Itoa(n))
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {

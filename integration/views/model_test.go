@@ -576,8 +576,8 @@ type modelCase struct {
 // a hole, with the steps it took to find it. A seed chooses the operations;
 // their outcomes also depend on timing (the watcher's events, TTLs, the
 // kernel's cache), so a failure replays at the same step only as far as
-// the hole allows. Each seed here failed at its last step on every replay
-// before its fix; they make no checkpoints, which would change what their
+// the hole allows. Each seed here fails at its last step on every replay
+// without its defence; they make no checkpoints, which would change what their
 // steps find.
 var modelCases = []modelCase{
 	{1, 250, true}, {2, 250, true}, {3, 250, true},

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func atk2Setup(t *testing.T, extra ...string) (*testenv.Home, *testenv.Daemon, string, string) {
+func renameSetup(t *testing.T, extra ...string) (*testenv.Home, *testenv.Daemon, string, string) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	h.Write("memories/pub/a.md", "public v1")
 	h.Write("memories/pub2/keep.md", "k")
@@ -25,7 +25,7 @@ func atk2Setup(t *testing.T, extra ...string) (*testenv.Home, *testenv.Daemon, s
 	return h, d, a, b
 }
 
-// TestRenameIntoRuleRevokesHeldFile (an attacker's review of renames): a file held open in a
+// TestRenameIntoRuleRevokesHeldFile: a file held open in a
 // guild's view, then moved into private/ by a DM's view, by its file, its
 // parent, an exchange of files or of directories, or by a rename on the
 // backing followed by a view's rename of its new parent, is cut off for
@@ -59,7 +59,7 @@ func TestRenameIntoRuleRevokesHeldFile(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			h, _, a, b := atk2Setup(t)
+			h, _, a, b := renameSetup(t)
 			first, ask := testenv.ConverseAsNobody(t, "hold2", a+"/memories/pub/a.md", "rw")
 			if first != "open" {
 				t.Fatal(first)
@@ -93,7 +93,7 @@ func TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule(t *testing.T) {
 	fmt.Sscan(os.Getenv("ATK2_BUSY"), &busyN)
 	rounds := 20
 	fmt.Sscan(os.Getenv("ATK2_ROUNDS"), &rounds)
-	h, dm, a, b := atk2Setup(t)
+	h, dm, a, b := renameSetup(t)
 	h.Write("memories/pub/busy.bin", "")
 	os.Chown(h.Path("memories/pub/busy.bin"), testenv.Nobody, testenv.Nobody)
 	if busyN > 0 {
@@ -143,7 +143,7 @@ func TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule(t *testing.T) {
 func TestRenameIntoRuleDuringExchangeRevokes(t *testing.T) {
 	rounds := 200
 	fmt.Sscan(os.Getenv("ATK2_ROUNDS"), &rounds)
-	h, dm, a, b := atk2Setup(t)
+	h, dm, a, b := renameSetup(t)
 	os.MkdirAll(h.Path("memories/pub/d"), 0o755)
 	h.Write("memories/pub/d/a.md", "public v1")
 	testenv.ChownTree(t, h.Path("memories"), testenv.Nobody)
@@ -213,7 +213,7 @@ func TestRenameIntoRuleDuringExchangeRevokes(t *testing.T) {
 	t.Logf("rounds %d, moved %d, leaks %d", rounds, hits, leaks)
 }
 
-// Class 5: RENAME_EXCHANGE of an unruled directory with one holding a ruled
+// TestRenameExchangeKeepsRuledPathUnderRule: RENAME_EXCHANGE of an unruled directory with one holding a ruled
 // path carried the denied file out from under its rule.
 func TestRenameExchangeKeepsRuledPathUnderRule(t *testing.T) {
 	const rules = `
@@ -238,7 +238,7 @@ action = "allow"
 	}
 }
 
-// Class 6: an unruled file opened read-write, renamed under a rule through
+// TestHandleRenamedUnderRuleIsRevoked: an unruled file opened read-write, renamed under a rule through
 // another view, then denied by the context, kept reading and writing
 // through its passthrough handle.
 func TestHandleRenamedUnderRuleIsRevoked(t *testing.T) {

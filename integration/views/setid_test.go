@@ -32,7 +32,7 @@ func TestWritingSetIDFileClearsItsBitsAsNatively(t *testing.T) {
 		h := testenv.OpenHome(t, testenv.PrivateRule)
 		os.MkdirAll(h.Path("run"), 0o755)
 		testenv.ChownTree(t, h.Root, testenv.Nobody)
-		d := testenv.StartUnder(t, h, []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"})
+		d := testenv.StartUnder(t, h, testenv.AsUID(testenv.Nobody))
 		mnt := h.Path("mnt/s")
 		d.Call("session.open", map[string]any{"id": "s", "mount": mnt, "context": testenv.DM, "owner": testenv.Nobody}, nil)
 		setIDChangesMatchNative(t, h, mnt, testenv.Nobody)

@@ -195,8 +195,8 @@ func same(v *Value, x any) bool {
 }
 
 // TestMaxValues: a parsed value is held in about 40 times the bytes of a
-// text of small values (the MCP gateway's 64 MiB line held 2.7 GiB; the
-// eleventh review). MaxValues bounds it, counting scalars and containers.
+// text of small values (a 64 MiB line of the MCP gateway would hold
+// 2.7 GiB). MaxValues bounds it, counting scalars and containers.
 func TestMaxValues(t *testing.T) {
 	line := zeros(1000) // 1001 values
 	if _, err := Parse(line, Rules{MaxValues: 1001}); err != nil {

@@ -9,14 +9,14 @@ import (
 	"testing"
 )
 
-// changesRules: runRules with the programs that change files.
+// ChangesRules is runRules with the programs that change files.
 const ChangesRules = PrivateRule + `
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/rm", "/usr/bin/mkdir", "/usr/bin/mv", "/usr/bin/ln", "/usr/bin/chmod", "/usr/bin/rmdir", "/usr/bin/truncate", "/usr/bin/cat"]
 pids = 64
 `
 
-// backingTree describes a backing directory: each path's type, mode,
+// BackingTree describes a backing directory: each path's type, mode,
 // content or target, and a file's mtime.
 func BackingTree(t *testing.T, root string) map[string]string {
 	t.Helper()
@@ -44,6 +44,7 @@ func BackingTree(t *testing.T, root string) map[string]string {
 	return out
 }
 
+// RollbackResult is checkpoint.rollback's answer.
 type RollbackResult struct {
 	Restored  int `json:"restored"`
 	Conflicts []struct {
@@ -51,12 +52,14 @@ type RollbackResult struct {
 	} `json:"conflicts"`
 }
 
+// Checkpoint makes a checkpoint of session named name and returns its id.
 func Checkpoint(d *Daemon, session, name string) string {
 	var r struct{ ID string }
 	d.Call("checkpoint.create", map[string]any{"session": session, "name": name}, &r)
 	return r.ID
 }
 
+// Rollback rolls session back to checkpoint cp.
 func Rollback(d *Daemon, session, cp string, force bool) RollbackResult {
 	var r RollbackResult
 	d.Call("checkpoint.rollback", map[string]any{"session": session, "checkpoint": cp, "force": force}, &r)

@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -12,13 +11,14 @@ import (
 	"github.com/condfs/condfs/control"
 )
 
-// atk11Daemon: a root daemon admitting 65534 and 1000, views of peers
+// LimitedDaemon: a root daemon admitting 65534 and 1000, views of peers
 // under h/views, with the daemon's RLIMIT_NOFILE lowered to nofile (the
 // default --max-sessions is derived from it).
 func LimitedDaemon(t *testing.T, nofile int, extra ...string) *Daemon {
 	return LimitedDaemonWith(t, RunRules, nofile, extra...)
 }
 
+// LimitedDaemonWith is LimitedDaemon with other rules.
 func LimitedDaemonWith(t *testing.T, rules string, nofile int, extra ...string) *Daemon {
 	h := OpenHome(t, rules)
 	h.Write("config/policy.yaml", RunPolicy)
@@ -34,7 +34,7 @@ func LimitedDaemonWith(t *testing.T, rules string, nofile int, extra ...string) 
 	return d
 }
 
-// atk7Daemon: a root daemon whose RLIMIT_NOFILE is 2048 (a view's share
+// LowNofileDaemon: a root daemon whose RLIMIT_NOFILE is 2048 (a view's share
 // 128, the room for all views about 1,500), 65534 admitted.
 func LowNofileDaemon(t *testing.T, extra ...string) *Daemon {
 	h := OpenHome(t, RunRules)
@@ -45,13 +45,13 @@ func LowNofileDaemon(t *testing.T, extra ...string) *Daemon {
 		os.Chmod(h.Path(p), 0o777)
 	}
 	os.MkdirAll(h.Path("mnt"), 0o777)
-	d := StartUnder(t, h, []string{"prlimit", "--nofile=2048:2048", "setpriv", "--bounding-set=-sys_resource", "--"},
+	d := StartUnder(t, h, NofileLimit(2048),
 		append([]string{"--allow-uid", "65534", "--allow-uid", "1000", "--socket-mode", "0666"}, extra...)...)
 	os.Chmod(filepath.Dir(d.Socket), 0o755)
 	return d
 }
 
-// atk8OthersServed: while the attack holds, uid 1000's session (mounted at
+// CheckOthersServed checks that, while the attack holds, uid 1000's session (mounted at
 // victim) opens a file and root's control call is answered.
 func CheckOthersServed(t *testing.T, d *Daemon, victim, attack string) {
 	t.Helper()
@@ -74,7 +74,7 @@ func CheckOthersServed(t *testing.T, d *Daemon, victim, attack string) {
 	}
 }
 
-// startUnprivDaemon starts condfs serve on h as uid 65534 with its default
+// StartUnprivileged starts condfs serve on h as uid 65534 with its default
 // session in a DM, and returns its socket and its log.
 func StartUnprivileged(t *testing.T, h *Home) (string, func() string) {
 	t.Helper()
@@ -82,7 +82,7 @@ func StartUnprivileged(t *testing.T, h *Home) (string, func() string) {
 	os.MkdirAll(h.Path("mnt/v"), 0o755)
 	ChownTree(t, h.Root, Nobody)
 	sock := h.Path("run/condfs.sock")
-	serve := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+	serve := CommandAs(Nobody,
 		Condfs(), "serve", "--root", h.Root, "--socket", sock, "--mount", h.Path("mnt/v"),
 		"--context", "discord:dm", "--context", "discord:dm:7", "--log-level", "debug")
 	serve.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.Root}

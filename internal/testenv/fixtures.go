@@ -1,6 +1,6 @@
 package testenv
 
-// atk11Call is a Python prelude: call(sock, method, params) sends one
+// PyCall is a Python prelude: call(sock, method, params) sends one
 // request and returns the answer as a dict.
 const PyCall = `
 import json, socket, sys, os, time
@@ -15,6 +15,7 @@ def call(c, method, params, i=[0]):
     return json.loads(f.readline())
 `
 
+// PrivateRule hides /memories/private/ outside DMs.
 const PrivateRule = `
 [memories."/private/"]
 when = "discord:dm"

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// requireUnprivilegedFUSE: what an ordinary user's daemon needs, as
+// RequireUnprivilegedFUSE is what an ordinary user's daemon needs, as
 // distributions ship it: fusermount3, and /dev/fuse 0666 (so does .ci/run).
 func RequireUnprivilegedFUSE(t *testing.T) {
 	t.Helper()

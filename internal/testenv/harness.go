@@ -73,12 +73,14 @@ type LogBuffer struct {
 	b  strings.Builder
 }
 
+// Write appends p.
 func (l *LogBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
+// String is what was written so far.
 func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// openHome is a home whose directories other users may search, as a real
+// OpenHome is a home whose directories other users may search, as a real
 // agent home is (t.TempDir is 0700, which would refuse them natively).
 func OpenHome(t *testing.T, conditions string) *Home {
 	t.Helper()

@@ -12,6 +12,7 @@ import (
 	pmodel "github.com/prometheus/common/model"
 )
 
+// Scrape reads the daemon's metrics from its metrics socket sock.
 func Scrape(t *testing.T, sock string) map[string]*dto.MetricFamily {
 	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

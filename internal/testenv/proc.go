@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// copySelf copies the test binary where uid 65534 can run it.
+// CopySelf copies the test binary where uid 65534 can run it.
 func CopySelf(t *testing.T) string {
 	t.Helper()
 	self, err := os.Executable()
@@ -19,7 +19,7 @@ func CopySelf(t *testing.T) string {
 	}
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
-	bin := filepath.Join(dir, "attack3")
+	bin := filepath.Join(dir, "self.test")
 	b, err := os.ReadFile(self)
 	if err != nil {
 		t.Fatal(err)
@@ -30,13 +30,13 @@ func CopySelf(t *testing.T) string {
 	return bin
 }
 
-// gone reports whether every thread of pid has exited: a killed process's
+// Gone reports whether every thread of pid has exited: a killed process's
 // leader is a zombie at once, while threads in D state hold the rest.
 func Gone(pid int) bool {
 	return strings.Trim(TaskStates(pid), "Z") == ""
 }
 
-// taskStates lists the states of pid's threads ("D" for each thread in an
+// TaskStates lists the states of pid's threads ("D" for each thread in an
 // uninterruptible wait).
 func TaskStates(pid int) string {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
@@ -54,7 +54,7 @@ func TaskStates(pid int) string {
 	return strings.Join(states, "")
 }
 
-// threadsOf is /proc/PID/status Threads, or -1 once the process is gone.
+// ThreadsOf is /proc/PID/status Threads, or -1 once the process is gone.
 func ThreadsOf(pid int) int {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -69,7 +69,7 @@ func ThreadsOf(pid int) int {
 	return -1
 }
 
-// pidsCgroup makes a cgroup v1 pids group allowing max tasks, removed at
+// PidsCgroup makes a cgroup v1 pids group allowing max tasks, removed at
 // cleanup (registered before the daemon's, so it runs after the daemon
 // has stopped); join moves a process into it.
 func PidsCgroup(t *testing.T, max int) (join func(pid int)) {
@@ -94,7 +94,7 @@ func PidsCgroup(t *testing.T, max int) (join func(pid int)) {
 	}
 }
 
-// procKB reads a field in kB (VmRSS, VmHWM) of /proc/PID/status.
+// ProcKB reads a field in kB (VmRSS, VmHWM) of /proc/PID/status.
 func ProcKB(t *testing.T, pid int, field string) int {
 	t.Helper()
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -108,6 +108,7 @@ func ProcKB(t *testing.T, pid int, field string) int {
 	return 0
 }
 
+// FDs is how many descriptors pid holds.
 func FDs(pid int) int {
 	es, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	return len(es)

@@ -7,11 +7,13 @@ import (
 	"time"
 )
 
+// FileStatus is a config file's status: its generation and the error of its last load.
 type FileStatus struct {
 	Generation int     `json:"generation"`
 	Error      *string `json:"error"`
 }
 
+// ConditionsStatus is conditions.toml's status, from the daemon's status.
 func ConditionsStatus(d *Daemon) FileStatus {
 	var st struct {
 		Config struct {
@@ -22,7 +24,7 @@ func ConditionsStatus(d *Daemon) FileStatus {
 	return st.Config.Conditions
 }
 
-// configmapWrite makes the Kubernetes ConfigMap layout's atomic swap.
+// ConfigmapWrite makes the Kubernetes ConfigMap layout's atomic swap.
 func ConfigmapWrite(t *testing.T, h *Home, text *string, seq int) {
 	dir := h.Path("config")
 	stamp := "..2030_01_01_00_00_" + string(rune('0'+seq/10)) + string(rune('0'+seq%10)) + ".000000001"
@@ -45,7 +47,7 @@ func ConfigmapWrite(t *testing.T, h *Home, text *string, seq int) {
 	}
 }
 
-// writeStyle changes conditions.toml in one of the ways editors and
+// WriteStyle changes conditions.toml in one of the ways editors and
 // orchestrators do.
 func WriteStyle(t *testing.T, h *Home, style string, text *string, seq int) {
 	p := h.Path("config/conditions.toml")
@@ -80,7 +82,7 @@ func WriteStyle(t *testing.T, h *Home, style string, text *string, seq int) {
 	}
 }
 
-// waitReload waits for status to show the reload, then for it to settle.
+// WaitReload waits for status to show the reload, then for it to settle.
 func WaitReload(d *Daemon, before FileStatus, wantLoaded bool) FileStatus {
 	deadline := time.Now().Add(5 * time.Second)
 	var st FileStatus

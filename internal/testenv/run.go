@@ -2,14 +2,13 @@ package testenv
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// runRules: private/ only in DMs; cat only in DMs; sh, ls, sleep, echo
-// everywhere.
+// RunRules shows private/ only in DMs and lets cat run only in DMs; sh,
+// ls, sleep, id and tr run everywhere.
 const RunRules = PrivateRule + `
 [sandbox]
 binaries = ["/bin/sh", "/usr/bin/ls", "/usr/bin/cat", "/usr/bin/sleep", "/usr/bin/id", "/usr/bin/tr"]
@@ -20,6 +19,7 @@ when = "discord:dm"
 action = "allow"
 `
 
+// RunPolicy allows every command whose arguments do not include "forbidden".
 const RunPolicy = `version: 1
 roles:
   default:
@@ -29,20 +29,20 @@ roles:
         constraints: ['every(args.argv, . != "forbidden")']
 `
 
-// runHome is an open home with a session "s" owned by 65534 in a DM, on a
+// RunHome is an open home with a session "s" owned by 65534 in a DM, on a
 // daemon that admits 65534 to its socket.
 func RunHome(t *testing.T) (*Daemon, string) {
 	t.Helper()
 	return RunHomeWith(t, RunRules)
 }
 
-// runHomeWith is runHome with other rules.
+// RunHomeWith is runHome with other rules.
 func RunHomeWith(t *testing.T, rules string) (*Daemon, string) {
 	t.Helper()
 	return RunHomeFiles(t, rules, nil)
 }
 
-// runHomeFiles is runHomeWith, with files made in the backing tree by
+// RunHomeFiles is runHomeWith, with files made in the backing tree by
 // files (if set) before the daemon starts.
 func RunHomeFiles(t *testing.T, rules string, files func(h *Home)) (*Daemon, string) {
 	t.Helper()
@@ -63,11 +63,11 @@ func RunHomeFiles(t *testing.T, rules string, files func(h *Home)) (*Daemon, str
 	return d, mnt
 }
 
-// condfsRun runs `condfs run` as uid 65534 and returns its output and
+// CondfsRun runs `condfs run` as uid 65534 and returns its output and
 // exit status.
 func CondfsRun(t *testing.T, d *Daemon, stdin string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", Condfs(), "run", "--socket", d.Socket, "--session", "s"}, args...)...)
+	cmd := CommandAs(Nobody, Condfs(), append([]string{"run", "--socket", d.Socket, "--session", "s"}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, _ := cmd.CombinedOutput()
 	return string(out), cmd.ProcessState.ExitCode()

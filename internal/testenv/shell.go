@@ -9,6 +9,7 @@ import (
 	"testing"
 )
 
+// Shell is the attacker's shell: one command a line, as another uid.
 type Shell struct {
 	t   *testing.T
 	in  *bufio.Writer
@@ -16,12 +17,12 @@ type Shell struct {
 	cmd *exec.Cmd
 }
 
+// StartShell starts the attacker's shell as uid 65534.
 func StartShell(t *testing.T) *Shell { return StartShellAs(t, Nobody) }
 
-// startShellAs starts the attacker's shell as uid and gid uid, no groups.
+// StartShellAs starts the attacker's shell as uid and gid uid, no groups.
 func StartShellAs(t *testing.T, uid int) *Shell {
-	id := strconv.Itoa(uid)
-	cmd := exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", Attacker(), "shell", "-")
+	cmd := CommandAs(uid, Attacker(), "shell", "-")
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -32,7 +33,7 @@ func StartShellAs(t *testing.T, uid int) *Shell {
 	return s
 }
 
-// do runs one command; ok reports success and res its quoted result.
+// Do runs one command; ok reports success and res its quoted result.
 func (s *Shell) Do(args ...string) (ok bool, res string) {
 	fmt.Fprintln(s.in, strings.Join(args, " "))
 	s.in.Flush()

@@ -12,9 +12,31 @@ import (
 	"time"
 )
 
+// Nobody is the uid (and gid) the tests' unprivileged callers run as.
 const Nobody = 65534
 
-// asNobody runs the attacker (or, with a leading "condfs", the condfs
+// AsUID is the argv prefix that runs a program as uid, with gid uid and no
+// supplementary groups: a caller the daemon knows only by its credentials.
+func AsUID(uid int) []string {
+	u := strconv.Itoa(uid)
+	return []string{"setpriv", "--reuid=" + u, "--regid=" + u, "--clear-groups"}
+}
+
+// CommandAs is exec.Command for name run as uid (AsUID).
+func CommandAs(uid int, name string, args ...string) *exec.Cmd {
+	argv := append(AsUID(uid), name)
+	return exec.Command(argv[0], append(argv[1:], args...)...)
+}
+
+// NofileLimit is a wrapper for StartUnder: the daemon's RLIMIT_NOFILE set
+// to n, and CAP_SYS_RESOURCE out of its bounding set so that it cannot
+// raise it again.
+func NofileLimit(n int) []string {
+	l := strconv.Itoa(n)
+	return []string{"prlimit", "--nofile=" + l + ":" + l, "setpriv", "--bounding-set=-sys_resource", "--"}
+}
+
+// AsNobody runs the attacker (or, with a leading "condfs", the condfs
 // binary) as uid and gid 65534 with no groups, and returns its output.
 func AsNobody(t *testing.T, args ...string) string {
 	t.Helper()
@@ -22,17 +44,17 @@ func AsNobody(t *testing.T, args ...string) string {
 	if len(args) > 0 && args[0] == "condfs" {
 		bin, args = Condfs(), args[1:]
 	}
-	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, args...)...)
+	cmd := CommandAs(Nobody, bin, args...)
 	out, _ := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out))
 }
 
-// converseAsNobody starts the attacker as uid and gid 65534 for a
+// ConverseAsNobody starts the attacker as uid and gid 65534 for a
 // subcommand that answers stdin line by line; it returns the first line and
 // a function that sends a line and returns the answer.
 func ConverseAsNobody(t *testing.T, args ...string) (string, func(string) string) {
 	t.Helper()
-	cmd := exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", Attacker()}, args...)...)
+	cmd := CommandAs(Nobody, Attacker(), args...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -53,6 +75,7 @@ func ConverseAsNobody(t *testing.T, args ...string) (string, func(string) string
 	}
 }
 
+// ChownTree gives everything below root to uid.
 func ChownTree(t *testing.T, root string, uid int) {
 	t.Helper()
 	filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
@@ -63,12 +86,12 @@ func ChownTree(t *testing.T, root string, uid int) {
 	})
 }
 
-// shAsNobody runs a shell script as uid 65534 in dir (a view): what an
+// ShAsNobody runs a shell script as uid 65534 in dir (a view): what an
 // agent's file tools do.
 func ShAsNobody(t *testing.T, dir, script string) string {
 	t.Helper()
 	// cd as 65534: the view admits its owner only, not root.
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", `cd "$1" && eval "$2"`, "sh", dir, script)
+	cmd := CommandAs(Nobody, "/bin/sh", "-c", `cd "$1" && eval "$2"`, "sh", dir, script)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s: %v: %s", script, err, out)
@@ -76,26 +99,22 @@ func ShAsNobody(t *testing.T, dir, script string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// The rest of the eleventh review (a second attacker's, as uids 65534
-// and 1000): each failed before its fix.
-
-// atk11Py runs a Python script as uid (and gid, no groups), with the
+// PythonAs runs a Python script as uid (and gid, no groups), with the
 // control socket as argv[1] and args after it, and returns its output.
 func PythonAs(t *testing.T, uid int, timeout time.Duration, script string, args ...string) string {
 	t.Helper()
-	u := strconv.Itoa(uid)
-	cmd := exec.Command("timeout", append([]string{strconv.Itoa(int(timeout / time.Second)), "setpriv", "--reuid=" + u, "--regid=" + u, "--clear-groups",
-		"/usr/bin/python3", "-c", script}, args...)...)
+	argv := append([]string{strconv.Itoa(int(timeout / time.Second))}, AsUID(uid)...)
+	cmd := exec.Command("timeout", append(append(argv, "/usr/bin/python3", "-c", script), args...)...)
 	out, _ := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out))
 }
 
-// atk7Holder starts, as uid, a process that opens path n times and holds
+// HoldOpen starts, as uid, a process that opens path n times and holds
 // the files until its stdin closes. It returns the count opened (and the
 // error that stopped it) and a function that ends it.
 func HoldOpen(t *testing.T, uid int, path string, n int) (string, func()) {
 	t.Helper()
-	cmd := exec.Command("setpriv", "--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(uid), "--clear-groups", "/usr/bin/python3", "-c", `
+	cmd := CommandAs(uid, "/usr/bin/python3", "-c", `
 import os, sys, resource
 s, h = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (h, h))

@@ -12,21 +12,20 @@ import (
 	"github.com/condfs/condfs/control"
 )
 
-// The sixth review: view binaries (and the run around them) when the
-// daemon is an ordinary user's (uid 65534) and builds its runs with user
+// An unprivileged daemon (uid 65534) builds its runs with user
 // namespaces: the command, its init and the daemon share one uid, each
 // session has a FUSE connection of its own (every context.set bumps its
 // epoch), and fusermount3 made the host's view mount.
 
-// atk6Rules: /workspace/bin/ runs in DMs only; sh, cat, python3 everywhere
-// (cat in DMs only, as runRules says).
+// UnprivRules lets /workspace/bin/ run in DMs only; sh, cat and python3
+// everywhere (cat in DMs only, as RunRules says).
 var UnprivRules = strings.Replace(RunRules, `"/usr/bin/tr"]`, `"/usr/bin/tr", "/usr/bin/python3", "/workspace/bin/"]`, 1) + `
 [exec."/workspace/bin/"]
 when = "discord:dm"
 action = "allow"
 `
 
-// atk6 is an unprivileged daemon's home.
+// UnprivHome is an unprivileged daemon's home.
 type UnprivHome struct {
 	Home   *Home
 	Socket string
@@ -34,7 +33,7 @@ type UnprivHome struct {
 	Mnt    string // the host's view mount of session "default"
 }
 
-// atk6Home starts condfs serve as 65534 (startUnprivDaemon: session
+// StartUnprivHome starts condfs serve as 65534 (startUnprivDaemon: session
 // "default" in a DM, mounted at mnt/v) with files made first.
 func StartUnprivHome(t *testing.T, rules string, files func(h *Home)) *UnprivHome {
 	t.Helper()
@@ -58,7 +57,7 @@ func StartUnprivHome(t *testing.T, rules string, files func(h *Home)) *UnprivHom
 	return &UnprivHome{Home: h, Socket: sock, Logs: logs, Mnt: h.Path("mnt/v")}
 }
 
-// run runs `condfs run` as 65534 in session "default" through sh, so that
+// Run runs `condfs run` as 65534 in session "default" through sh, so that
 // stdin may be redirected by the caller's shell (redir, "" for none).
 func (a *UnprivHome) Run(t *testing.T, redir string, argv ...string) (string, int) {
 	t.Helper()
@@ -67,15 +66,15 @@ func (a *UnprivHome) Run(t *testing.T, redir string, argv ...string) (string, in
 		q[i] = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 	}
 	line := fmt.Sprintf("exec %s run --socket %s --session default -- %s %s", Condfs(), a.Socket, strings.Join(q, " "), redir)
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", line)
+	cmd := CommandAs(Nobody, "sh", "-c", line)
 	out, _ := cmd.CombinedOutput()
 	return string(out), cmd.ProcessState.ExitCode()
 }
 
-// shell starts `condfs run -- sh -c script` as 65534 in session "default".
+// Shell starts `condfs run -- sh -c script` as 65534 in session "default".
 func (a *UnprivHome) Shell(t *testing.T, script string) (*exec.Cmd, io.WriteCloser, chan string) {
 	t.Helper()
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", Condfs(), "run", "--socket", a.Socket, "--session", "default", "--",
+	cmd := CommandAs(Nobody, Condfs(), "run", "--socket", a.Socket, "--session", "default", "--",
 		"sh", "-c", script)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -95,7 +94,7 @@ func (a *UnprivHome) Shell(t *testing.T, script string) (*exec.Cmd, io.WriteClos
 	return cmd, stdin, lines
 }
 
-// call makes a control call as root (admitted by every daemon).
+// Call makes a control call as root (admitted by every daemon).
 func (a *UnprivHome) Call(t *testing.T, method string, params, out any) error {
 	t.Helper()
 	c, err := control.Dial(a.Socket)
@@ -106,6 +105,7 @@ func (a *UnprivHome) Call(t *testing.T, method string, params, out any) error {
 	return c.Call(method, params, out)
 }
 
+// SetContext switches session "default" to atoms.
 func (a *UnprivHome) SetContext(t *testing.T, atoms []string) {
 	t.Helper()
 	if err := a.Call(t, "context.set", map[string]any{"session": "default", "context": atoms}, nil); err != nil {

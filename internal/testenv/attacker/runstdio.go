@@ -65,7 +65,7 @@ func runStdio(sock, session, kind, script string) {
 		fds[0] = fd
 	case "unix":
 		// A Unix socket carries descriptors both ways
-		// (TestAtk9CStdinBackChannel).
+		// (TestStdinSocketPassesNoDescriptorsOut).
 		sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 		if report(err) {
 			return
@@ -73,7 +73,7 @@ func runStdio(sock, session, kind, script string) {
 		fds[0] = sp[0]
 	case "tcp":
 		// An unconnected socket connects in this network namespace
-		// (TestAtk9CStdinInetSocket).
+		// (TestStdinInetSocketReachesNoNetwork).
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
 		if report(err) {
 			return

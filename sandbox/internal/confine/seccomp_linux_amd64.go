@@ -56,10 +56,9 @@ const cloneNewFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUT
 // socketFamilies are the address families socket(2) and socketpair(2)
 // may create; any other answers EAFNOSUPPORT, as from a kernel without it.
 // A network namespace isolates these four (netlink: the run's own, which
-// glibc's getaddrinfo reads); it does not isolate every family: an
-// attacker's review bound AF_VSOCK ports of the host's own port space
-// from a run, and could have reached the hypervisor (CID 2) with no
-// decision.
+// glibc's getaddrinfo reads); it does not isolate every family: a run
+// could bind AF_VSOCK ports of the host's own port space and reach the
+// hypervisor (CID 2) with no decision.
 var socketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
 
 const (

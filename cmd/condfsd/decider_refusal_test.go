@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// TestReview12DeciderStuckAfterRefusal: control.Client now breaks on any
+// TestDeciderRecoversAfterRefusal: control.Client now breaks on any
 // failed call, the daemon's refusal line ({"id":null,"error":...}, sent
 // when a connection gets no slot: control/slots.go refuse, e.g. the
 // gateway's uid at --max-conns-per-uid while its `condfs run`s hold
@@ -24,7 +24,7 @@ import (
 // every later tool call of its session ("the condfs daemon gave no
 // decision") although the daemon answers new connections. Before the
 // change the next call hit the closed connection and redialled.
-func TestReview12DeciderStuckAfterRefusal(t *testing.T) {
+func TestDeciderRecoversAfterRefusal(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "s")
 	l, err := net.Listen("unix", sock)
 	if err != nil {

@@ -19,7 +19,7 @@ type countingWriter struct{ n atomic.Int64 }
 
 func (w *countingWriter) Write(b []byte) (int, error) { w.n.Add(int64(len(b))); return len(b), nil }
 
-// TestReview12PathCheckAuditUnclipped: the eleventh review clips what a
+// TestPathCheckAuditClipped: the eleventh review clips what a
 // caller names in tool.decide records (auditClip, a KiB), but path.check's
 // path goes into the denial record whole (auditPathAs: "path", path) and
 // into the denial limiter's keys (denialKey{space, path, op}), and
@@ -28,7 +28,7 @@ func (w *countingWriter) Write(b []byte) (int, error) { w.n.Add(int64(len(b))); 
 // the last 256 per key (the uid's own key, never forgotten, and each of
 // its sessions'): any admitted uid writes about 256 MiB of audit a second
 // per key and makes the daemon hold 256 MiB per key until it closes.
-func TestReview12PathCheckAuditUnclipped(t *testing.T) {
+func TestPathCheckAuditClipped(t *testing.T) {
 	root := t.TempDir()
 	for _, d := range []string{"config", "memories", "workspace", "blocks"} {
 		os.MkdirAll(filepath.Join(root, d), 0o755)

@@ -450,7 +450,7 @@ func TestStagedRunChangesEachKindHeldThenCommitted(t *testing.T) {
 func TestStagedMaxBytesCountsWhatTheCallerCannotSearch(t *testing.T) {
 	_, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"4KiB\"\n", nil)
 	testenv.ShAsNobody(t, mnt+"/workspace", `mkdir x && head -c 3072 /dev/zero > x/big && chmod 000 x && mv x y && head -c 3072 /dev/zero > z`)
-	out, _ := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
+	out, _ := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
 	if !strings.Contains(string(out), "No space left") {
 		t.Fatalf("a change beyond max_bytes, the bytes in a 000 directory: %s", out)
 	}

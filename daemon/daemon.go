@@ -157,9 +157,11 @@ type session struct {
 }
 
 // validSessionID: 1 to 64 of A-Z a-z 0-9 _ . - (a regexp with {1,64}
-// would cost every start of the binary its compilation).
+// would cost every start of the binary its compilation), and not "." or
+// "..": an id names the session's directory under STATE_DIR/changes, which
+// a new session clears first.
 func validSessionID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
+	if len(id) == 0 || len(id) > 64 || id == "." || id == ".." {
 		return false
 	}
 	for i := 0; i < len(id); i++ {
@@ -400,7 +402,7 @@ func privileged(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()
 // FUSE filesystem that never answers) delays only this request.
 func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	if !validSessionID(r.id) {
-		return nil, control.Errorf(control.CodeInvalidParams, "session id %q: use 1 to 64 of A-Z a-z 0-9 _ . -", r.id)
+		return nil, control.Errorf(control.CodeInvalidParams, "session id %q: use 1 to 64 of A-Z a-z 0-9 _ . - (not . or ..)", r.id)
 	}
 	if !filepath.IsAbs(r.mount) {
 		return nil, control.Errorf(control.CodeInvalidParams, "mount %q must be an absolute path (ctl makes relative paths absolute)", r.mount)

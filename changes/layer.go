@@ -382,20 +382,26 @@ func (l *Layer) Moved(space, from, to string, exchange bool) error {
 func (l *Layer) Renamed(space, from, to string, exchange bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sp, ok := l.spaces[space]
-	if !ok || l.closed {
-		return
+	if _, ok := l.spaces[space]; ok && !l.closed {
+		l.recount()
 	}
+}
+
+// recount counts the layers' bytes again; l.mu is held. As the daemon:
+// the thread may act as a caller, who may not search every directory of
+// the layer (one it made 000 still holds bytes).
+func (l *Layer) recount() {
 	for k, n := range l.sizes {
-		if k.space == space {
-			l.addUsed(-n)
-			delete(l.sizes, k)
-		}
+		l.addUsed(-n)
+		delete(l.sizes, k)
 	}
 	before := l.used.Load()
-	// As the daemon: the thread acts as the caller, who may not search
-	// every directory of the layer (one it made 000 still holds bytes).
-	asDaemon(func() error { l.measure(space, sp.upperFD, "/"); return nil })
+	asDaemon(func() error {
+		for _, name := range l.names {
+			l.measure(name, l.spaces[name].upperFD, "/")
+		}
+		return nil
+	})
 	if l.opts.Shared != nil {
 		l.opts.Shared.Add(l.used.Load() - before)
 	}
@@ -705,7 +711,26 @@ func (s Selector) holds(space, p string) bool {
 	return s.Space == space && (s.Path == "/" || p == s.Path || strings.HasPrefix(p, s.Path+"/"))
 }
 
-func selected(sel []Selector, c staged) bool {
+// selected lists the changes under sel (all without); a selector that
+// holds none is an error (ErrNotStaged).
+func (l *Layer) selected(sel []Selector) ([]staged, error) {
+	list, err := l.list()
+	if err != nil {
+		return nil, err
+	}
+	var todo []staged
+	for _, c := range list {
+		if selects(sel, c) {
+			todo = append(todo, c)
+		}
+	}
+	if len(sel) > 0 && len(todo) == 0 {
+		return nil, fmt.Errorf("%w under the paths given", ErrNotStaged)
+	}
+	return todo, nil
+}
+
+func selects(sel []Selector, c staged) bool {
 	if len(sel) == 0 {
 		return true
 	}
@@ -743,18 +768,9 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
 	res := CommitResult{Conflicts: []Conflict{}}
-	list, err := l.list()
+	todo, err := l.selected(sel)
 	if err != nil {
 		return res, err
-	}
-	var todo []staged
-	for _, c := range list {
-		if selected(sel, c) {
-			todo = append(todo, c)
-		}
-	}
-	if len(sel) > 0 && len(todo) == 0 {
-		return res, fmt.Errorf("%w under the paths given", ErrNotStaged)
 	}
 	var skipped []string // conflicting directories: nothing below them goes
 	for _, c := range todo {
@@ -953,18 +969,9 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
 	var res DiscardResult
-	list, err := l.list()
+	todo, err := l.selected(sel)
 	if err != nil {
 		return res, err
-	}
-	var todo []staged
-	for _, c := range list {
-		if selected(sel, c) {
-			todo = append(todo, c)
-		}
-	}
-	if len(sel) > 0 && len(todo) == 0 {
-		return res, fmt.Errorf("%w under the paths given", ErrNotStaged)
 	}
 	var done []string
 	for _, c := range todo {
@@ -988,17 +995,7 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 		res.Touched = append(res.Touched, Touched{Space: c.space, Path: c.path, Moved: c.up.T == "d" || low.T == "d"})
 	}
 	l.mu.Lock()
-	for k, n := range l.sizes {
-		l.addUsed(-n)
-		delete(l.sizes, k)
-	}
-	for _, name := range l.names {
-		before := l.used.Load()
-		l.measure(name, l.spaces[name].upperFD, "/")
-		if l.opts.Shared != nil {
-			l.opts.Shared.Add(l.used.Load() - before)
-		}
-	}
+	l.recount()
 	l.mu.Unlock()
 	return res, nil
 }

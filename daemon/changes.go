@@ -356,12 +356,8 @@ func (d *Daemon) mCheckpointRollback(ctx context.Context, params json.RawMessage
 	}
 	d.metrics.Change("rollback", 1)
 	d.metrics.Change("conflict", len(res.Conflicts))
-	conflicts := make([]string, 0, len(res.Conflicts))
-	for _, c := range res.Conflicts {
-		conflicts = append(conflicts, clip(c.Space+c.Path))
-	}
 	d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", s.view.Context().Atoms(), "op", "rollback",
-		"checkpoint", p.Checkpoint, "force", p.Force, "restored", res.Restored, "conflicts", clipAll(conflicts))
+		"checkpoint", p.Checkpoint, "force", p.Force, "restored", res.Restored, "conflicts", conflictNames(res.Conflicts))
 	if err != nil {
 		// The tree is restored; what failed is dropping the later logs:
 		// running the rollback again finishes it.
@@ -442,6 +438,15 @@ func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any,
 	return map[string]any{"changes": list, "hidden": hidden}, nil
 }
 
+// conflictNames are the audit's names of conflicts.
+func conflictNames(cs []changes.Conflict) []string {
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, clip(c.Space+c.Path))
+	}
+	return out
+}
+
 // visibleTo says which paths s's current context may see.
 func (d *Daemon) visibleTo(s *session) func(space, path string) bool {
 	cfg, atoms := d.conditions.Load(), s.view.Context()
@@ -509,12 +514,8 @@ func (d *Daemon) mChangesCommit(ctx context.Context, params json.RawMessage) (an
 	}
 	d.metrics.Change("commit", 1)
 	d.metrics.Change("conflict", len(res.Conflicts))
-	conflicts := make([]string, 0, len(res.Conflicts))
-	for _, c := range res.Conflicts {
-		conflicts = append(conflicts, clip(c.Space+c.Path))
-	}
 	d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", s.view.Context().Atoms(), "op", "commit",
-		"paths", clipAll(p.Paths), "force", p.Force, "committed", res.Committed, "conflicts", clipAll(conflicts))
+		"paths", clipAll(p.Paths), "force", p.Force, "committed", res.Committed, "conflicts", conflictNames(res.Conflicts))
 	if err != nil {
 		return nil, stagedError(err)
 	}

@@ -23,7 +23,7 @@ func BenchmarkRun(b *testing.B) {
 	// Two paces: back to back, and with 50 ms between commands (not
 	// timed), as an agent that reads each result before the next one
 	// runs: condfs then begins each command in a sandbox built during the
-	// pause (daemon/warm.go), where back to back each run waits for it.
+	// pause (runs/warm.go), where back to back each run waits for it.
 	each := func(b *testing.B, gap time.Duration, argv ...string) {
 		for b.Loop() {
 			if gap > 0 {

@@ -95,6 +95,17 @@ func Errorf(code int, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
+// DecodeParams decodes a method's params into v; a field v does not have
+// is an error, as is anything else that does not decode.
+func DecodeParams(raw json.RawMessage, v any) *Error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Errorf(CodeInvalidParams, "invalid params: %v", err)
+	}
+	return nil
+}
+
 // Handler answers one method call. It returns a result to marshal, or an
 // error.
 type Handler func(ctx context.Context, method string, params json.RawMessage) (any, *Error)

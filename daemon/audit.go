@@ -13,6 +13,8 @@ import (
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/egress"
+	"github.com/condfs/condfs/runs"
 )
 
 // Denials are audited, but a process that names the same hidden path (or
@@ -326,4 +328,74 @@ func keyOf(parts ...string) string {
 		io.WriteString(h, strconv.Quote(p))
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// auditRun writes the record of a run that has ended, collapsed as
+// other allowed decisions are.
+func (d *Daemon) auditRun(r runs.Ended) {
+	argv := clipAll(r.Argv)
+	d.auditAllowed(r.Session, denialKey{"exec", keyOf(keyOf(argv...), r.Cwd, keyOf(r.Atoms...)), keyOf(fmt.Sprint(r.Exit), r.Reason)}, "run",
+		[]any{"kind", "exec", "session", r.Session, "atoms", r.Atoms, "argv", argv, "cwd", r.Cwd,
+			"decision", "allow", "exit", r.Exit, "reason", r.Reason, "duration_ms", r.Took.Milliseconds()})
+}
+
+// auditConnect writes one decision of a run's gateway and counts it;
+// atoms is the session's context, read once for the key and the record.
+func (d *Daemon) auditConnect(session string, atoms []string, e egress.Event) {
+	outcome := e.Decision
+	switch {
+	case strings.HasPrefix(e.Refused, "cut:"):
+		outcome = "cut"
+	case e.Refused != "":
+		outcome = "refused"
+	}
+	d.metrics.Egress(e.Protocol, outcome)
+	var suppressed, unlisted int
+	var lim *denialLimiter
+	var key denialKey
+	if outcome != "cut" {
+		// A run that retries a connection or a request in a loop must
+		// not fill the disk (audit.go), allowed or refused; a cut is
+		// written every time.
+		// Everything the record shows is in the key: a request that
+		// carried a secret, or was made in another context, is never
+		// counted in the record of one that did not.
+		key = denialKey{"connect", keyOf(e.Protocol, e.Host, fmt.Sprint(e.Port), e.Method, e.Path, e.Addr.String(),
+			keyOf(e.Secrets...), keyOf(atoms...)),
+			keyOf(append([]string{e.Decision, e.Refused}, e.Reasons...)...)}
+		lim = &d.denials
+		if outcome == "allow" {
+			lim = &d.allowed
+		}
+		var write bool
+		if write, suppressed, unlisted = lim.admit(session, key, time.Now()); !write {
+			return
+		}
+	}
+	attrs := []any{"kind", "connect", "session", session, "atoms", atoms,
+		"host", e.Host, "port", e.Port, "protocol", e.Protocol}
+	if e.Protocol == "http" || e.Method != "" {
+		attrs = append(attrs, "method", clip(e.Method), "path", clip(e.Path))
+	}
+	if len(e.Secrets) > 0 {
+		attrs = append(attrs, "secrets", e.Secrets)
+	}
+	if e.Addr.IsValid() {
+		attrs = append(attrs, "addr", e.Addr.String())
+	}
+	attrs = append(attrs, "decision", e.Decision, "reasons", nonNil(clipAll(e.Reasons)))
+	if e.Refused != "" {
+		attrs = append(attrs, "refused", e.Refused)
+	}
+	if lim != nil {
+		lim.keep(session, key, "connect", attrs)
+	}
+	d.audit.Info("connect", counts(attrs, suppressed, unlisted)...)
+}
+
+func nonNil(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }

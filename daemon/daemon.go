@@ -4,7 +4,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,9 +23,9 @@ import (
 	"github.com/condfs/condfs/constraints"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
-	"github.com/condfs/condfs/egress"
 	"github.com/condfs/condfs/fsys"
 	"github.com/condfs/condfs/metrics"
+	"github.com/condfs/condfs/runs"
 	"github.com/condfs/condfs/sandbox"
 )
 
@@ -65,7 +64,7 @@ type Config struct {
 	MaxSessions       int
 	MaxSessionsPerUID int
 	// WarmRuns bounds the sandboxes kept for sessions' next runs
-	// (warm.go); 0 builds each run's when it comes.
+	// (runs/warm.go); 0 builds each run's when it comes.
 	WarmRuns int
 	// EgressCapture is how runs whose network is "policy" reach their
 	// gateway: sandbox.CaptureKernel, sandbox.CaptureNetstack, or
@@ -117,13 +116,10 @@ type Daemon struct {
 	restored      int // sessions restored at start
 	closing       atomic.Bool
 	denials       denialLimiter
-	allowed       denialLimiter          // identical allowed decisions, collapsed as denials are (audit.go)
-	warm          *warmPool              // sandboxes of the next runs, built ahead (warm.go)
-	egressPool    *egress.Pool           // the node's bound on runs' open connections (egress.go)
-	egressStack   atomic.Pointer[string] // the capture the last gateway got
-	ca            authority              // the egress CA and the roots of inspected hosts (inspect.go)
-	largeDecides  chan struct{}          // a token per large tool.decide being decoded
-	changesHeld   sync.Map               // uid → *atomic.Int64: what its sessions' checkpoints hold (changes.go)
+	allowed       denialLimiter // identical allowed decisions, collapsed as denials are (audit.go)
+	runs          *runs.Node    // what the sessions' runs share: kept sandboxes, egress pool and CA
+	largeDecides  chan struct{} // a token per large tool.decide being decoded
+	changesHeld   sync.Map      // uid → *atomic.Int64: what its sessions' checkpoints hold (changes.go)
 
 	stopWatch func()
 }
@@ -136,10 +132,8 @@ type session struct {
 	allowUIDs []uint32
 	view      *fsys.View // nil while the session is being opened
 
-	runs      runs       // its condfs runs (run.go)
-	switchMu  sync.Mutex // one context switch at a time
-	egressMu  sync.Mutex
-	egress    *egress.Share // its runs' egress connections together (egress.go)
+	runs      *runs.Session // its condfs runs; nil while the session is being opened
+	switchMu  sync.Mutex    // one context switch at a time
 	stateMu   sync.Mutex
 	stateSize int // its state file's size (state.go); 0 before the first write
 
@@ -211,15 +205,18 @@ func New(cfg Config) (*Daemon, error) {
 		conditions: newConditions(cfg.Conditions),
 		policy:     newPolicy(cfg.Policy),
 		sessions:   map[string]*session{}, mounts: map[string]string{},
-		warm:         newWarmPool(cfg.WarmRuns),
-		egressPool:   egress.NewPool(nodeConnections(fileLimit())),
 		largeDecides: make(chan struct{}, largeDecides),
 	}
+	d.runs = runs.New(runs.Config{
+		Log: d.log, Conditions: d.conditions.Load, Policy: d.policy.Load,
+		Lookup: d.sessionRuns, Decide: d.decide, AuditRun: d.auditRun, AuditConnect: d.auditConnect,
+		EgressCapture: cfg.EgressCapture, StateDir: cfg.StateDir, WarmRuns: cfg.WarmRuns, FileLimit: fileLimit(),
+	})
 	d.conditions.replacing = func(old, cfg *acl.Config) {
 		d.replaced.Store(old)
 		for _, s := range d.sessionsWithViews() {
 			s.switchMu.Lock()
-			d.narrowRuns(s, old, s.view.Context(), cfg, s.view.Context())
+			d.runs.Narrow(s.runs, old, s.view.Context(), cfg, s.view.Context())
 			s.switchMu.Unlock()
 		}
 	}
@@ -297,7 +294,7 @@ func (d *Daemon) startParts(undo *[]func()) error {
 		*undo = append(*undo, func() { stop(); d.stopMetrics = nil })
 	}
 	host, err := fsys.NewHost(fsys.HostOptions{CacheTTL: cfg.CacheTTL, HubDir: cfg.HubDir, Logger: d.log, Observe: d.fuseObserver(),
-		ReservedFDs: d.egressPool.Max() * egressFDs})
+		ReservedFDs: d.runs.ReservedFDs()})
 	if err != nil {
 		return err
 	}
@@ -344,7 +341,7 @@ func (d *Daemon) Close() error {
 		d.stopWatch()
 	}
 	errs = append(errs, d.server.Close())
-	d.warm.close()
+	d.runs.Close()
 	errs = append(errs, d.closeAll())
 	d.flushAllCounts() // the sessions told theirs as they closed
 	if d.stopMetrics != nil {
@@ -446,6 +443,7 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	if s.layer != nil {
 		v.SetChanges(s.layer)
 	}
+	s.runs = d.runs.Session(r.id, r.owner, v, &s.switchMu)
 	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())
 	d.mu.Unlock()
 	d.saveSession(s, r.atoms)
@@ -466,8 +464,7 @@ func (d *Daemon) closeSession(id string) error {
 		return nil
 	}
 	// No process outlives its session's authority: the runs end first.
-	s.runs.closeAll()
-	d.warm.drop(&s.runs) // it holds a clone of the view
+	d.runs.End(s.runs)
 	err := s.view.Unmount()
 	d.closeChanges(s, !d.closing.Load())
 	d.closeLayer(s, !d.closing.Load())
@@ -551,9 +548,7 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 		// The policy decides the runs' connections: each is decided again.
 		for _, s := range d.sessionsWithViews() {
 			s.switchMu.Lock()
-			for _, a := range s.runs.list() {
-				recheckEgress(a)
-			}
+			d.runs.Recheck(s.runs)
 			s.switchMu.Unlock()
 		}
 	}
@@ -563,7 +558,7 @@ func (d *Daemon) Reload(force bool) map[string]FileStatus {
 				d.log.Warn("invalidate view", "mount", s.view.Mountpoint(), "err", err)
 			}
 			s.switchMu.Lock()
-			d.allowRuns(s, d.conditions.Load(), s.view.Context())
+			d.runs.Allow(s.runs, d.conditions.Load(), s.view.Context())
 			s.switchMu.Unlock()
 		}
 		d.replaced.Store(nil) // every run follows the new rules now
@@ -661,14 +656,7 @@ func (d *Daemon) sessionList(ctx context.Context) []sessionInfo {
 	return out
 }
 
-func decodeParams(raw json.RawMessage, v any) *control.Error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return control.Errorf(control.CodeInvalidParams, "invalid params: %v", err)
-	}
-	return nil
-}
+func decodeParams(raw json.RawMessage, v any) *control.Error { return control.DecodeParams(raw, v) }
 
 // handle dispatches one control method.
 // methodFunc serves one control method.
@@ -685,7 +673,7 @@ var methodTable = map[string]methodFunc{
 	"blocks.list":    (*Daemon).mBlocksList,
 	"path.check":     (*Daemon).mPathCheck,
 	"tool.decide":    (*Daemon).decide,
-	"run":            (*Daemon).run,
+	"run":            (*Daemon).mRun,
 	"tools.callable": (*Daemon).mToolsCallable,
 	"config.reload":  (*Daemon).mConfigReload,
 	"status":         (*Daemon).mStatus,
@@ -803,11 +791,11 @@ func (d *Daemon) mContextSet(ctx context.Context, params json.RawMessage) (any, 
 	// a view binary allowed as a whole in the old context must not run,
 	// bound still, what the new one shows beneath it.
 	cfg := d.conditions.Load()
-	d.narrowRuns(s, cfg, s.view.Context(), cfg, set)
+	d.runs.Narrow(s.runs, cfg, s.view.Context(), cfg, set)
 	if err := s.view.SetContext(set); err != nil {
 		return nil, control.Errorf(control.CodeMount, "switch context: %v", err)
 	}
-	d.allowRuns(s, d.conditions.Load(), set)
+	d.runs.Allow(s.runs, d.conditions.Load(), set)
 	d.metrics.ContextSwitch(time.Since(start))
 	d.log.Info("context set", "session", s.id, "atoms", set.Atoms())
 	return map[string]any{"atoms": set.Atoms()}, nil
@@ -868,7 +856,7 @@ func (d *Daemon) mPathCheck(ctx context.Context, params json.RawMessage) (any, *
 	if cfg := d.conditions.Load(); sp == acl.Exec {
 		// What a run in this context may execute: binaries and the exec
 		// rules, the name as a run reaches the program by it.
-		ex, err = ExplainExec(cfg, *p.Path, set)
+		ex, err = runs.ExplainExec(cfg, *p.Path, set)
 	} else {
 		ex, err = cfg.ExplainView(sp, *p.Path, set)
 	}
@@ -884,6 +872,19 @@ func (d *Daemon) mPathCheck(ctx context.Context, params json.RawMessage) (any, *
 		d.auditPathAs(key, p.Session, set, sp, ex.Path, "check")
 	}
 	return ex, nil
+}
+
+func (d *Daemon) mRun(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+	return d.runs.Run(ctx, params)
+}
+
+// sessionRuns finds the runs of a session for a peer, as session does.
+func (d *Daemon) sessionRuns(ctx context.Context, id string) (*runs.Session, *control.Error) {
+	s, err := d.session(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.runs, nil
 }
 
 func (d *Daemon) mToolsCallable(_ context.Context, params json.RawMessage) (any, *control.Error) {
@@ -927,7 +928,7 @@ func (d *Daemon) mStatus(ctx context.Context, _ json.RawMessage) (any, *control.
 		restore = []string{}
 	}
 	return map[string]any{"version": Version, "sessions": d.sessionList(ctx), "config": d.configStatus(), "panics": d.panics(),
-		"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.warm.status(), "egress": d.egressStatus()}, nil
+		"restore_errors": restore, "limits": d.limits(), "sandbox": sandbox.Probe(), "runs": d.runs.Status(), "egress": d.runs.EgressStatus()}, nil
 }
 
 // contextOf gives the context of a session, or an explicit one.

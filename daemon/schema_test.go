@@ -43,7 +43,8 @@ func loadControlSchema(t *testing.T) controlSchema {
 // TestControlSchemaParamsAreTheDaemons: the schema names exactly the
 // methods of methodTable, and each method's params in the schema are
 // exactly the fields its handler decodes (read from the handler's source:
-// the struct it decodes params into, or, for tool.decide, the keys
+// the struct it decodes params into, or the function it hands params to,
+// here or in package runs, or, for tool.decide, the keys
 // constraints.DecodeRequest reads). The clients' types are checked against
 // the schema in their own tests (clients/*/test*), so the daemon and the
 // two clients cannot drift apart.
@@ -63,6 +64,19 @@ func TestControlSchemaParamsAreTheDaemons(t *testing.T) {
 	}
 	fset := token.NewFileSet()
 	funcs, types := parseDir(t, fset, ".")
+	// The run method is served by package runs: its functions and types
+	// too, those of the daemon first where a name is in both.
+	runFuncs, runTypes := parseDir(t, fset, "../runs")
+	for n, f := range runFuncs {
+		if _, ok := funcs[n]; !ok {
+			funcs[n] = f
+		}
+	}
+	for n, st := range runTypes {
+		if _, ok := types[n]; !ok {
+			types[n] = st
+		}
+	}
 	for method, f := range methodTable {
 		name := runtime.FuncForPC(reflect.ValueOf(f).Pointer()).Name()
 		name = strings.TrimSuffix(name[strings.LastIndex(name, ".")+1:], "-fm")
@@ -74,7 +88,7 @@ func TestControlSchemaParamsAreTheDaemons(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s: handler %s not found in daemon's source", method, name)
 			}
-			fields = paramFields(fn, types)
+			fields = paramFields(fn, funcs, types)
 		}
 		ref := schema.Methods[method].Params.Ref
 		def, ok := schema.Defs[strings.TrimPrefix(ref, "#/$defs/")]
@@ -133,11 +147,23 @@ func parseDir(t *testing.T, fset *token.FileSet, dir string) (map[string]*ast.Fu
 }
 
 // paramFields is the json names of the fields of `var p T` in fn, where T
-// is a struct literal or a struct type of the package; none when fn
-// decodes no params.
-func paramFields(fn *ast.FuncDecl, types map[string]*ast.StructType) []string {
+// is a struct literal or a struct type of the package, or else of the
+// method fn hands its params to (a call with the argument params); none
+// when fn decodes no params.
+func paramFields(fn *ast.FuncDecl, funcs map[string]*ast.FuncDecl, types map[string]*ast.StructType) []string {
 	fields := []string{}
+	var callee *ast.FuncDecl
 	ast.Inspect(fn.Body, func(n ast.Node) bool {
+		if call, ok := n.(*ast.CallExpr); ok && callee == nil {
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			passes := slices.ContainsFunc(call.Args, func(a ast.Expr) bool {
+				id, ok := a.(*ast.Ident)
+				return ok && id.Name == "params"
+			})
+			if f := funcs[selName(sel, ok)]; passes && f != nil && f != fn {
+				callee = f
+			}
+		}
 		vs, ok := n.(*ast.ValueSpec)
 		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != "p" {
 			return true
@@ -164,7 +190,17 @@ func paramFields(fn *ast.FuncDecl, types map[string]*ast.StructType) []string {
 		}
 		return false
 	})
+	if len(fields) == 0 && callee != nil {
+		return paramFields(callee, funcs, types)
+	}
 	return fields
+}
+
+func selName(sel *ast.SelectorExpr, ok bool) string {
+	if !ok {
+		return ""
+	}
+	return sel.Sel.Name
 }
 
 // requestKeys is the keys constraints.DecodeRequest reads: the string

@@ -551,13 +551,6 @@ func (r *Run) SetNet(c io.Closer) {
 	}
 }
 
-// Net is what SetNet tied to the run, or nil.
-func (r *Run) Net() io.Closer {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.net
-}
-
 // Pid is the init's process id in the daemon's PID namespace.
 func (r *Run) Pid() int { return r.cmd.Process.Pid }
 

@@ -8,8 +8,8 @@ import (
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
-	"github.com/condfs/condfs/daemon"
 	"github.com/condfs/condfs/internal/cli"
+	"github.com/condfs/condfs/runs"
 )
 
 // loadConditions loads conditions.toml; a failure prints FILE:LINE:COL and
@@ -64,7 +64,7 @@ func runACL(args []string, stdout, stderr io.Writer) error {
 	}
 	var ex acl.Explanation
 	if sp == acl.Exec {
-		ex, err = daemon.ExplainExec(c, *p, set) // as a run names programs
+		ex, err = runs.ExplainExec(c, *p, set) // as a run names programs
 	} else {
 		ex, err = c.ExplainView(sp, *p, set)
 	}

@@ -1,4 +1,4 @@
-package daemon
+package runs
 
 // The names of a host program, as a run lays them out. The sandbox shows
 // /usr whole and recreates the host's top-level directory links (/bin ->

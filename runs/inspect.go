@@ -1,4 +1,4 @@
-package daemon
+package runs
 
 // Inspected HTTPS and secrets (docs/sandbox.md, "Inspected HTTPS"): the
 // daemon's CA, made at the first run of network "policy" and trusted by
@@ -33,27 +33,27 @@ type authority struct {
 
 // egressCA is the daemon's CA (the state directory's; in memory without
 // one), made or loaded now if it is not yet.
-func (d *Daemon) egressCA() (*egress.Authority, error) {
-	d.ca.mu.Lock()
-	defer d.ca.mu.Unlock()
-	if d.ca.ca == nil {
-		ca, err := egress.LoadAuthority(d.cfg.StateDir)
+func (n *Node) egressCA() (*egress.Authority, error) {
+	n.ca.mu.Lock()
+	defer n.ca.mu.Unlock()
+	if n.ca.ca == nil {
+		ca, err := egress.LoadAuthority(n.cfg.StateDir)
 		if err != nil {
 			return nil, err
 		}
-		d.ca.ca = ca
+		n.ca.ca = ca
 	}
-	return d.ca.ca, nil
+	return n.ca.ca, nil
 }
 
 // upstreamRoots verifies the servers of inspected hosts: the host's roots
 // and the config's upstream_ca, built once per config snapshot.
-func (d *Daemon) upstreamRoots() *x509.CertPool {
-	e := d.conditions.Load().Egress()
-	d.ca.rootsMu.Lock()
-	defer d.ca.rootsMu.Unlock()
-	if d.ca.roots != nil && d.ca.rootsFor == e {
-		return d.ca.roots
+func (n *Node) upstreamRoots() *x509.CertPool {
+	e := n.cfg.Conditions().Egress()
+	n.ca.rootsMu.Lock()
+	defer n.ca.rootsMu.Unlock()
+	if n.ca.roots != nil && n.ca.rootsFor == e {
+		return n.ca.roots
 	}
 	pool, err := x509.SystemCertPool()
 	if err != nil {
@@ -62,19 +62,19 @@ func (d *Daemon) upstreamRoots() *x509.CertPool {
 	for _, c := range e.UpstreamRoots() {
 		pool.AddCert(c)
 	}
-	d.ca.rootsFor, d.ca.roots = e, pool
+	n.ca.rootsFor, n.ca.roots = e, pool
 	return pool
 }
 
 // inspection is how s's gateways terminate HTTPS, as the config is at
 // each connection and the session's context at each request.
-func (d *Daemon) inspection(s *session, ca *egress.Authority) *egress.Inspection {
+func (n *Node) inspection(s *Session, ca *egress.Authority) *egress.Inspection {
 	return &egress.Inspection{
 		Authority: ca,
-		Inspected: func(host string) bool { return d.conditions.Load().Egress().Inspected(host) },
-		Roots:     d.upstreamRoots,
+		Inspected: func(host string) bool { return n.cfg.Conditions().Egress().Inspected(host) },
+		Roots:     n.upstreamRoots,
 		Secret: func(name, host string, port int) (string, string) {
-			sec := d.conditions.Load().Secret(name)
+			sec := n.cfg.Conditions().Secret(name)
 			switch {
 			case sec == nil:
 				return "", "the config has no such secret now"

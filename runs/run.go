@@ -1,9 +1,6 @@
-package daemon
+package runs
 
-// condfs run, the daemon's side: a run is decided (the policy's tool
-// `exec`), built (package sandbox), kept live (the binaries its session's
-// context allows, on every switch and reload before they return), and
-// ended with its session. The client's connection is the run's lifeline: it
+// The run method. The client's connection is the run's lifeline: it
 // brings the client's stdio (SCM_RIGHTS), carries the signals it forwards,
 // and its end kills the run.
 
@@ -18,126 +15,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
-	"github.com/condfs/condfs/egress"
 	"github.com/condfs/condfs/internal/stdiofd"
 	"github.com/condfs/condfs/sandbox"
 	"golang.org/x/sys/unix"
 )
-
-// activeRun is one run of a session.
-type activeRun struct {
-	r        *sandbox.Run
-	binaries []string // [sandbox] binaries when it started
-	inRow    bool     // its session runs commands in a row: its sandbox is kept (warm.go)
-	mu       sync.Mutex
-	reason   string // why the daemon ended it: "timeout", "closed", "gone"
-}
-
-func (a *activeRun) end(reason string) {
-	a.mu.Lock()
-	if a.reason == "" {
-		a.reason = reason
-	}
-	a.mu.Unlock()
-	a.r.Kill()
-}
-
-// runs is a session's runs; closed once the session closes (no run
-// starts after).
-type runs struct {
-	mu     sync.Mutex
-	set    map[*activeRun]struct{}
-	closed bool
-	wg     sync.WaitGroup
-	// lastRun is when its last run began (warm.go)
-	lastRun time.Time
-}
-
-func (rs *runs) add(a *activeRun) bool {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if rs.closed {
-		return false
-	}
-	if rs.set == nil {
-		rs.set = map[*activeRun]struct{}{}
-	}
-	rs.set[a] = struct{}{}
-	rs.wg.Add(1)
-	return true
-}
-
-func (rs *runs) remove(a *activeRun) {
-	rs.mu.Lock()
-	delete(rs.set, a)
-	rs.mu.Unlock()
-	rs.wg.Done()
-}
-
-func (rs *runs) list() []*activeRun {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	out := make([]*activeRun, 0, len(rs.set))
-	for a := range rs.set {
-		out = append(out, a)
-	}
-	return out
-}
-
-// closeAll kills every run and waits until each has ended: nothing of the
-// session's runs outlives it.
-func (rs *runs) closeAll() {
-	rs.mu.Lock()
-	rs.closed = true
-	rs.mu.Unlock()
-	for _, a := range rs.list() {
-		a.end("closed")
-	}
-	rs.wg.Wait()
-}
-
-// allowRuns tells each run of s which binaries its context allows now;
-// the caller holds s.switchMu.
-func (d *Daemon) allowRuns(s *session, cfg *acl.Config, set cctx.Set) {
-	for _, a := range s.runs.list() {
-		if err := a.r.Allow(allowedBinaries(cfg, set, a.binaries)); err != nil {
-			// A run whose allowlist cannot follow its context cannot go
-			// on (sandbox kills it; a run that has just ended reports
-			// this too).
-			d.log.Info("run: its binaries not updated; it is ended", "session", s.id, "err", err)
-			a.r.Kill()
-		}
-		recheckEgress(a)
-	}
-}
-
-// narrowRuns takes from each run of s, before its view moves from the rules
-// and context (oldCfg, old) to (cfg, set), the binaries the latter will not
-// allow; those it adds come with allowRuns, once the view has moved. A view
-// directory allowed as a whole must not stay bound executable while the
-// view already shows what the new rules or context show beneath it. A run
-// that cannot follow is ended.
-func (d *Daemon) narrowRuns(s *session, oldCfg *acl.Config, old cctx.Set, cfg *acl.Config, set cctx.Set) {
-	for _, a := range s.runs.list() {
-		before := allowedBinaries(oldCfg, old, a.binaries)
-		after := allowedBinaries(cfg, set, a.binaries)
-		keep := slices.DeleteFunc(slices.Clone(before), func(n string) bool { return !slices.Contains(after, n) })
-		if len(keep) == len(before) {
-			continue
-		}
-		if err := a.r.Allow(keep); err != nil {
-			d.log.Info("run: its binaries not updated; it is ended", "session", s.id, "err", err)
-			a.r.Kill()
-		}
-	}
-}
 
 type runParams struct {
 	Session   string   `json:"session"`
@@ -158,7 +45,9 @@ func runError(format string, a ...any) *control.Error {
 	return control.Errorf(control.CodeRefused, format, a...)
 }
 
-func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control.Error) {
+// Run is the run method (docs/control.md): it decides and starts the
+// command, then serves it on the caller's connection until it ends.
+func (n *Node) Run(ctx context.Context, params json.RawMessage) (any, *control.Error) {
 	files, all := control.TakeFiles(ctx)
 	keep := false
 	defer func() {
@@ -169,10 +58,10 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 		}
 	}()
 	var p runParams
-	if err := decodeParams(params, &p); err != nil {
+	if err := control.DecodeParams(params, &p); err != nil {
 		return nil, err
 	}
-	s, cerr := d.session(ctx, p.Session)
+	s, cerr := n.cfg.Lookup(ctx, p.Session)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -193,16 +82,16 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	if cwd == "" {
 		cwd = "/workspace"
 	}
-	cfg := d.conditions.Load()
+	cfg := n.cfg.Conditions()
 	set := s.view.Context()
-	if err := d.checkCwd(cfg, set, cwd); err != nil {
+	if err := checkCwd(cfg, set, cwd); err != nil {
 		return nil, err
 	}
 	sb := cfg.Sandbox()
 	if sb == nil {
 		return nil, runError("conditions.toml has no [sandbox] table: no binaries are allowed, so nothing can run")
 	}
-	if err := d.decideRun(ctx, s.id, p.Roles, p.Argv, cwd); err != nil {
+	if err := n.decideRun(ctx, s.id, p.Roles, p.Argv, cwd); err != nil {
 		return nil, err
 	}
 	allowed := allowedBinaries(cfg, set, sb.Binaries())
@@ -212,7 +101,7 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	var trust []byte
 	var placeholders map[string]string
 	if sb.Network() == acl.NetworkPolicy {
-		ca, err := d.egressCA()
+		ca, err := n.egressCA()
 		if err != nil {
 			return nil, runError("cannot start the egress gateway: %v", err)
 		}
@@ -222,10 +111,10 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 			return nil, runError("%v", err)
 		}
 	}
-	spec := d.runSpec(s, sb, p.Argv, env, cwd, allowed)
+	spec := n.runSpec(s, sb, p.Argv, env, cwd, allowed)
 	spec.Trust = trust
 	cmd := sandbox.Command{Argv: p.Argv, Env: env, Cwd: cwd, TTY: p.TTY, Rows: p.Rows, Cols: p.Cols}
-	a, cerr := d.beginRun(s, spec, sb.Binaries(), cmd, files, p.Roles, placeholders)
+	a, cerr := n.beginRun(s, spec, sb.Binaries(), cmd, files, p.Roles, placeholders)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -236,19 +125,16 @@ func (d *Daemon) run(ctx context.Context, params json.RawMessage) (any, *control
 	keep = true
 	start := time.Now()
 	return control.Takeover(func(ctx context.Context, st *control.Stream) {
-		stopReader := d.serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
-		exit := a.r.Wait()
+		stopReader := serveRun(st, a, time.Duration(p.TimeoutMS)*time.Millisecond)
+		exit := a.box.r.Wait()
 		a.mu.Lock()
 		reason := a.reason
 		a.mu.Unlock()
 		code, msg := exitOf(exit.Code, reason)
-		argv := clipAll(p.Argv)
-		d.auditAllowed(s.id, denialKey{"exec", keyOf(keyOf(argv...), cwd, keyOf(set.Atoms()...)), keyOf(fmt.Sprint(code), reason)}, "run",
-			[]any{"kind", "exec", "session", s.id, "atoms", set.Atoms(), "argv", argv, "cwd", cwd,
-				"decision", "allow", "exit", code, "reason", reason, "duration_ms", time.Since(start).Milliseconds()})
+		n.cfg.AuditRun(Ended{Session: s.id, Atoms: set.Atoms(), Argv: p.Argv, Cwd: cwd, Exit: code, Reason: reason, Took: time.Since(start)})
 		st.Respond(map[string]any{"exit": code, "message": msg}, nil)
 		stopReader()
-		d.endRun(s, a, spec, reason == "")
+		n.endRun(s, a, spec, reason == "")
 	}), nil
 }
 
@@ -299,10 +185,10 @@ func runEnv(session string, p runParams) ([]string, *control.Error) {
 
 // decideRun: the run is first a tool call, exec with {"argv","cwd"}; only
 // allow runs (126 otherwise).
-func (d *Daemon) decideRun(ctx context.Context, session string, roles, argv []string, cwd string) *control.Error {
+func (n *Node) decideRun(ctx context.Context, session string, roles, argv []string, cwd string) *control.Error {
 	decideParams, _ := json.Marshal(map[string]any{"session": session, "roles": roles, "tool": "exec",
 		"args": map[string]any{"argv": argv, "cwd": cwd}})
-	res, derr := d.decide(ctx, decideParams)
+	res, derr := n.cfg.Decide(ctx, decideParams)
 	if derr != nil {
 		return derr
 	}
@@ -325,7 +211,7 @@ func (d *Daemon) decideRun(ctx context.Context, session string, roles, argv []st
 }
 
 // runSpec is the sandbox of s's run as the daemon builds it.
-func (d *Daemon) runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd string, allowed []string) sandbox.Spec {
+func (n *Node) runSpec(s *Session, sb *acl.Sandbox, argv, env []string, cwd string, allowed []string) sandbox.Spec {
 	spec := sandbox.Spec{
 		Argv: argv, Env: env, Cwd: cwd,
 		UID: s.owner, GID: s.owner,
@@ -335,7 +221,7 @@ func (d *Daemon) runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd st
 		UserNS: os.Geteuid() != 0,
 	}
 	if sb.Network() == acl.NetworkPolicy {
-		spec.Link = d.egressLink()
+		spec.Link = n.egressLink()
 	}
 	if spec.UserNS {
 		// A daemon that is not root serves its own uid only, and runs as
@@ -349,49 +235,48 @@ func (d *Daemon) runSpec(s *session, sb *acl.Sandbox, argv, env []string, cwd st
 
 // beginRun starts cmd in the session's kept sandbox, or a new one, with
 // files as its stdio and the binaries its context allows as it begins.
-func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File, roles []string, placeholders map[string]string) (*activeRun, *control.Error) {
-	r := d.warm.take(&s.runs, warmKey(spec, sandbox.Probe().Programs.Indexed))
-	if r != nil {
-		d.warm.warmStarts.Add(1)
+func (n *Node) beginRun(s *Session, spec sandbox.Spec, binaries []string, cmd sandbox.Command, files []*os.File, roles []string, placeholders map[string]string) (*activeRun, *control.Error) {
+	b := n.warm.take(s, warmKey(spec, sandbox.Probe().Programs.Indexed))
+	if b != nil {
+		n.warm.warmStarts.Add(1)
 	} else {
-		d.warm.coldStarts.Add(1)
-		var err error
-		if r, err = sandbox.Prepare(spec); err != nil {
+		n.warm.coldStarts.Add(1)
+		r, err := sandbox.Prepare(spec)
+		if err != nil {
 			return nil, runError("cannot build the sandbox: %v", err)
 		}
+		b = &box{r: r}
 	}
-	gw, err := d.gateway(s, r)
-	if err != nil {
-		r.Kill()
-		r.Gone()
+	if err := n.gateway(s, b); err != nil {
+		b.end()
 		return nil, runError("cannot start the egress gateway: %v", err)
 	}
-	if gw != nil {
+	if gw := b.gw; gw != nil {
 		// A kept sandbox's next command may have other roles; nothing of
 		// the last one's is left open (endRun), and whatever is is
 		// decided again as this command's.
-		gw.SetDecider(d.connectDecider(s, roles))
+		gw.SetDecider(n.connectDecider(s, roles))
 		gw.SetSecrets(placeholders)
 		gw.Recheck()
 	}
-	a := &activeRun{r: r, binaries: binaries, inRow: d.warm.inRow(&s.runs)}
+	a := &activeRun{box: b, binaries: binaries, inRow: n.warm.inRow(s)}
 	// Every change of a run's allowlist is made under its session's
 	// switch lock (context.set, reload), so the last one made is the
 	// newest context's: the command begins with what is in force now.
+	var err error
 	s.switchMu.Lock()
-	added := s.runs.add(a)
+	added := s.add(a)
 	if added {
-		cmd.Allowed = allowedBinaries(d.conditions.Load(), s.view.Context(), binaries)
-		err = r.Begin(cmd, files[0], files[1], files[2])
+		cmd.Allowed = allowedBinaries(n.cfg.Conditions(), s.view.Context(), binaries)
+		err = b.r.Begin(cmd, files[0], files[1], files[2])
 	}
 	s.switchMu.Unlock()
 	if !added {
-		r.Kill()
-		r.Gone()
+		b.end()
 		return nil, runError("session %q is closing", s.id)
 	}
 	if err != nil {
-		s.runs.remove(a)
+		s.remove(a)
 		// The command was found nowhere in the run, or may not be
 		// executed there (a file of the view it does not allow).
 		if ee := (*sandbox.ExecError)(nil); errors.As(err, &ee) {
@@ -410,27 +295,26 @@ func (d *Daemon) beginRun(s *session, spec sandbox.Spec, binaries []string, cmd 
 // session only then: the session's runs are over when their namespaces
 // are, or when the pool, which session.close empties before it unmounts
 // the view, holds them.
-func (d *Daemon) endRun(s *session, a *activeRun, spec sandbox.Spec, reusable bool) {
+func (n *Node) endRun(s *Session, a *activeRun, spec sandbox.Spec, reusable bool) {
 	if a.inRow && reusable {
 		// The command's processes are gone; what they left queued must
 		// not go on flowing while the sandbox waits, unchecked by the
 		// switches and reloads that check the session's runs
 		// (TestAtk9EgressKeptRunCut).
-		if gw, ok := a.r.Net().(*egress.Gateway); ok {
-			gw.CutAll("cut: the run's command ended")
+		if a.box.gw != nil {
+			a.box.gw.CutAll("cut: the run's command ended")
 		}
-		d.warm.keep(&s.runs, warmKey(spec, a.r.Indexed()), a.r)
+		n.warm.keep(s, warmKey(spec, a.box.r.Indexed()), a.box)
 	} else {
-		a.r.Kill()
-		a.r.Gone()
+		a.box.end()
 	}
-	s.runs.remove(a)
+	s.remove(a)
 }
 
 // serveRun relays the client's signals (and its terminal's size) until
 // the command ends (and stopReader is called), and ends
 // the run when the client goes or the timeout passes.
-func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duration) (stopReader func()) {
+func serveRun(st *control.Stream, a *activeRun, timeout time.Duration) (stopReader func()) {
 	done := make(chan struct{})
 	var timer *time.Timer
 	if timeout > 0 {
@@ -459,17 +343,17 @@ func (d *Daemon) serveRun(st *control.Stream, a *activeRun, timeout time.Duratio
 			case "run.signal":
 				switch sig := syscall.Signal(m.Params.Signal); sig {
 				case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
-					a.r.Signal(sig)
+					a.box.r.Signal(sig)
 				}
 			case "run.resize":
 				if m.Params.Rows > 0 && m.Params.Cols > 0 {
-					a.r.Resize(m.Params.Rows, m.Params.Cols)
+					a.box.r.Resize(m.Params.Rows, m.Params.Cols)
 				}
 			}
 		}
 	}()
 	exited := make(chan struct{})
-	go func() { a.r.Wait(); close(exited) }()
+	go func() { a.box.r.Wait(); close(exited) }()
 	select {
 	case <-exited:
 		// The reader stops once the run is answered (not before: that
@@ -553,7 +437,7 @@ func internalFile(name string) bool {
 
 // checkCwd: the working directory is /workspace or /memories or below, and
 // the rules show it.
-func (d *Daemon) checkCwd(cfg *acl.Config, set cctx.Set, cwd string) *control.Error {
+func checkCwd(cfg *acl.Config, set cctx.Set, cwd string) *control.Error {
 	if !path.IsAbs(cwd) || path.Clean(cwd) != cwd || strings.ContainsRune(cwd, 0) {
 		return runError("--cwd %q: want a clean absolute path under /workspace or /memories", cwd)
 	}

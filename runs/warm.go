@@ -1,4 +1,4 @@
-package daemon
+package runs
 
 // Sandboxes kept for a session's next run. A run's sandbox (namespaces,
 // root, clones, cgroups) costs far more than starting its command, and
@@ -22,7 +22,7 @@ package daemon
 // another's. The pool holds at most max (the least recently kept goes
 // first) and each for at most idle: a kept one holds an init process, a
 // cgroup and a clone of its session's view.
-// Lock order: runs.mu before warmPool.mu.
+// Lock order: Session.mu before warmPool.mu (node.go).
 
 import (
 	"encoding/json"
@@ -40,7 +40,7 @@ type warmPool struct {
 	mu      sync.Mutex // guards the fields below
 	max     int
 	closed  bool
-	entries map[*runs]*warmRun
+	entries map[*Session]*warmRun
 	wg      sync.WaitGroup // preparations and discards in flight
 
 	// counted for status
@@ -50,8 +50,8 @@ type warmPool struct {
 type warmRun struct {
 	key   string
 	since time.Time
-	ready chan struct{} // closed once prepared (r or err set)
-	r     *sandbox.Run
+	ready chan struct{} // closed once prepared (b or err set)
+	b     *box
 	err   error
 	timer *time.Timer // drops it after warmIdle
 }
@@ -67,12 +67,12 @@ func warmKey(spec sandbox.Spec, indexed string) string {
 }
 
 func newWarmPool(max int) *warmPool {
-	return &warmPool{max: max, entries: map[*runs]*warmRun{}}
+	return &warmPool{max: max, entries: map[*Session]*warmRun{}}
 }
 
 // take returns rs's kept sandbox if it was built for key (waiting for one
 // being readied), or nil. The caller owns what it gets.
-func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
+func (p *warmPool) take(rs *Session, key string) *box {
 	p.mu.Lock()
 	w := p.entries[rs]
 	delete(p.entries, rs)
@@ -84,11 +84,11 @@ func (p *warmPool) take(rs *runs, key string) *sandbox.Run {
 	if w.err != nil {
 		return nil
 	}
-	if w.key != key || w.r.Ended() {
+	if w.key != key || w.b.r.Ended() {
 		p.discard(w)
 		return nil
 	}
-	return w.r
+	return w.b
 }
 
 // status is the pool as the status method shows it.
@@ -99,7 +99,7 @@ func (p *warmPool) status() map[string]any {
 
 // inRow records that a run of rs begins now, and reports whether the one
 // before began less than warmIdle ago: whether rs runs commands in a row.
-func (p *warmPool) inRow(rs *runs) bool {
+func (p *warmPool) inRow(rs *Session) bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	now := time.Now()
@@ -108,12 +108,12 @@ func (p *warmPool) inRow(rs *runs) bool {
 	return recent
 }
 
-// keep makes r, whose command has ended, rs's sandbox for its next run
-// (Again runs in the background), or ends r when rs is closed, already has
-// one, or the pool is full of sandboxes being readied. It returns once r is
+// keep makes b, whose command has ended, rs's sandbox for its next run
+// (Again runs in the background), or ends b when rs is closed, already has
+// one, or the pool is full of sandboxes being readied. It returns once b is
 // in the pool or gone: a session that closes meanwhile finds it there
 // (drop) or finds it gone.
-func (p *warmPool) keep(rs *runs, key string, r *sandbox.Run) {
+func (p *warmPool) keep(rs *Session, key string, b *box) {
 	rs.mu.Lock()
 	p.mu.Lock()
 	ok := !rs.closed && !p.closed && p.max > 0 && p.entries[rs] == nil &&
@@ -126,16 +126,15 @@ func (p *warmPool) keep(rs *runs, key string, r *sandbox.Run) {
 	p.mu.Unlock()
 	rs.mu.Unlock()
 	if !ok {
-		r.Kill()
-		r.Gone()
+		b.end()
 		return
 	}
 	go func() {
 		defer p.wg.Done()
-		err := r.Again() // on an error r is ended
+		err := b.r.Again() // on an error the run is ended
 		p.mu.Lock()
 		if err == nil {
-			w.r = r
+			w.b = b
 			p.kept.Add(1)
 		} else {
 			w.err = err
@@ -153,7 +152,7 @@ func (p *warmPool) keep(rs *runs, key string, r *sandbox.Run) {
 // evictLocked drops the oldest kept sandbox to make room; it reports false
 // when every entry is still being readied.
 func (p *warmPool) evictLocked() bool {
-	var oldest *runs
+	var oldest *Session
 	for rs, w := range p.entries {
 		select {
 		case <-w.ready:
@@ -177,7 +176,7 @@ func (p *warmPool) evictLocked() bool {
 	return true
 }
 
-func (p *warmPool) expire(rs *runs, w *warmRun) {
+func (p *warmPool) expire(rs *Session, w *warmRun) {
 	p.mu.Lock()
 	mine := p.entries[rs] == w
 	if mine {
@@ -191,7 +190,7 @@ func (p *warmPool) expire(rs *runs, w *warmRun) {
 
 // drop kills rs's kept sandbox, if any, and waits for it to end; the
 // caller has closed rs, so none comes after.
-func (p *warmPool) drop(rs *runs) {
+func (p *warmPool) drop(rs *Session) {
 	p.mu.Lock()
 	w := p.entries[rs]
 	delete(p.entries, rs)
@@ -208,10 +207,9 @@ func (p *warmPool) discard(w *warmRun) {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	if w.r != nil {
+	if w.b != nil {
 		p.discarded.Add(1)
-		w.r.Kill()
-		w.r.Gone()
+		w.b.end()
 	}
 }
 
@@ -227,7 +225,7 @@ func (p *warmPool) close() {
 	p.mu.Lock()
 	p.closed = true
 	all := p.entries
-	p.entries = map[*runs]*warmRun{}
+	p.entries = map[*Session]*warmRun{}
 	p.mu.Unlock()
 	for _, w := range all {
 		<-w.ready

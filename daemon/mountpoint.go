@@ -12,6 +12,7 @@ import (
 	cctx "github.com/condfs/condfs/context"
 	"github.com/condfs/condfs/control"
 	"github.com/condfs/condfs/fsys"
+	"github.com/condfs/condfs/internal/fuseconn"
 	"github.com/condfs/condfs/internal/safepath"
 )
 
@@ -118,7 +119,7 @@ func (d *Daemon) clearDead(peer uint32, mount string, under bool) (int, *control
 		}
 		// A probe error or a live mount is left to the checks that follow:
 		// nothing about a directory is told to a peer it does not own.
-		if state, err := fsys.Probe(fd); err != nil || state != fsys.DeadFUSE {
+		if state, err := fuseconn.Probe(fd); err != nil || state != fuseconn.DeadFUSE {
 			return fd, nil
 		}
 		if !privileged(peer) {
@@ -127,7 +128,7 @@ func (d *Daemon) clearDead(peer uint32, mount string, under bool) (int, *control
 				return -1, cerr
 			}
 		}
-		err = fsys.UnmountDead(fd, mount)
+		err = fuseconn.UnmountDead(fd, mount)
 		unix.Close(fd)
 		if err != nil {
 			return -1, control.Errorf(control.CodeMount, "%v", err)
@@ -155,8 +156,8 @@ func (d *Daemon) mayClear(peer uint32, mount string, under bool, fd int) *contro
 	}
 	defer unix.Close(parent)
 	base := filepath.Base(mount)
-	top, err := fsys.MountID(parent, base)
-	ours, err2 := fsys.MountID(fd, "")
+	top, err := fuseconn.MountID(parent, base)
+	ours, err2 := fuseconn.MountID(fd, "")
 	if err != nil || err2 != nil || top != ours {
 		return refuse("it changed while being checked")
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/fuseconn"
 )
 
 // dirHandle is a directory opened to serve one READDIR (connFS.withDir;
@@ -271,14 +273,22 @@ func parseDirent(b []byte) (name string, typ uint8, ino, off uint64, reclen int)
 // negative entry (Lookup, node.go).
 type connFS struct {
 	fuse.RawFileSystem
-	notify *notifier // the bridge's calls into the kernel (conn_notify.go)
+	notify *fuseconn.Notifier // the bridge's calls into the kernel
+}
+
+// serve is what a connection of the views serves (fuseconn.Options.Wrap):
+// the guard, connFS, then go-fuse's bridge to the nodes, which reach the
+// kernel through n.
+func (g guardFS) serve(bridge fuse.RawFileSystem, n *fuseconn.Notifier) fuse.RawFileSystem {
+	g.RawFileSystem = connFS{RawFileSystem: bridge, notify: n}
+	return g
 }
 
 // Init gives the notifier the server. The bridge is not told: it reaches
 // the kernel through the notifier it was made with.
 func (c connFS) Init(s *fuse.Server) {
 	if c.notify != nil {
-		c.notify.init(s)
+		c.notify.Init(s)
 	}
 }
 

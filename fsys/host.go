@@ -6,6 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/condfs/condfs/internal/fuseconn"
 )
 
 // A Host is what the views of one daemon share, and the only owner of it:
@@ -38,10 +42,13 @@ import (
 // them and never while holding one.
 type Host struct {
 	log     *slog.Logger
-	watcher *Watcher // nil: no long caching
-	hub     *hub     // nil: a connection per view
-	hooks   hooks
-	debug   bool
+	watcher *Watcher      // nil: no long caching
+	hub     *fuseconn.Hub // nil: a connection per view
+	// hubPanics counts the FUSE operations of the hub's connection that
+	// panicked.
+	hubPanics atomic.Int64
+	hooks     hooks
+	debug     bool
 	// observe, if set, is told of every FUSE request of the host's
 	// connections when it ends.
 	observe func(op string, start time.Time)
@@ -78,7 +85,7 @@ type HostOptions struct {
 	// the kernel cache what no rule governs for that long.
 	CacheTTL time.Duration
 	// HubDir, if set, serves every view through one FUSE connection
-	// mounted there (a root daemon only; see conn_hub.go).
+	// mounted there (a root daemon only; see internal/fuseconn/hub.go).
 	HubDir string
 	Logger *slog.Logger
 	// Debug logs every FUSE request.
@@ -110,7 +117,7 @@ func NewHost(o HostOptions) (*Host, error) {
 		h.watcher = w
 	}
 	if o.HubDir != "" {
-		hb, err := newHub(hubOptions{Dir: o.HubDir, Logger: o.Logger, Debug: o.Debug, Observe: o.Observe})
+		hb, err := h.newHub(o.HubDir)
 		if err != nil {
 			h.Close()
 			return nil, err
@@ -129,7 +136,26 @@ func (h *Host) Panics() int64 {
 	if h == nil || h.hub == nil {
 		return 0
 	}
-	return h.hub.Panics()
+	return h.hubPanics.Load()
+}
+
+// newHub mounts the hub at dir, whose connection serves every view: its
+// nodes' options are every view's (newView's), the kernel caching for
+// DefaultAttrTimeout what no watch keeps fresh.
+func (h *Host) newHub(dir string) (*fuseconn.Hub, error) {
+	timeout, zero := DefaultAttrTimeout, time.Duration(0)
+	return fuseconn.NewHub(fuseconn.HubOptions{
+		Dir: dir, Logger: h.log,
+		FS: &fs.Options{
+			EntryTimeout:    &timeout,
+			AttrTimeout:     &timeout,
+			NegativeTimeout: &zero,
+			MountOptions:    viewMountOptions(true, h.debug),
+			// Modes reach the kernel as they are (see newView).
+			NullPermissions: true,
+		},
+		Wrap: guardFS{panics: &h.hubPanics, log: h.log, observe: h.observe}.serve,
+	})
 }
 
 // Close stops the hub and the watcher. Views still mounted stop working

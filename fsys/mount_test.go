@@ -11,6 +11,7 @@ import (
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/internal/fuseconn"
 	"golang.org/x/sys/unix"
 )
 
@@ -248,7 +249,7 @@ except OSError as e:
 	}
 
 	// The mountpoint is a live FUSE mount: nothing else mounts there.
-	if err := ClearStale(mnt); err == nil {
+	if err := fuseconn.ClearStale(mnt); err == nil {
 		t.Error("ClearStale of a live view succeeded")
 	}
 	if _, err := host.Mount(Options{Mountpoint: mnt, Memories: mem, Workspace: work, Rules: rules, Owner: uint32(os.Getuid())}); err == nil {
@@ -259,7 +260,7 @@ except OSError as e:
 		t.Fatal(err)
 	}
 	defer unix.Close(parent)
-	over, err := MountID(parent, filepath.Base(mnt))
+	over, err := fuseconn.MountID(parent, filepath.Base(mnt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +269,7 @@ except OSError as e:
 		t.Fatal(err)
 	}
 	mounted = false
-	under, err := MountID(parent, filepath.Base(mnt))
+	under, err := fuseconn.MountID(parent, filepath.Base(mnt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,10 +281,10 @@ except OSError as e:
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	if st, err := Probe(fd); err != nil || st != Plain {
+	if st, err := fuseconn.Probe(fd); err != nil || st != fuseconn.Plain {
 		t.Errorf("after Unmount: %v %v, want Plain", st, err)
 	}
-	if err := ClearStale(mnt); err != nil {
+	if err := fuseconn.ClearStale(mnt); err != nil {
 		t.Errorf("ClearStale of a plain directory: %v", err)
 	}
 }

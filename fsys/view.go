@@ -26,8 +26,9 @@
 // backing.go, reaching the backing trees beneath their roots; cache_*.go,
 // what the kernel caches and how it is dropped (listings, name sets, the
 // reload barrier); watch*.go, inotify and the fanotify link watch, which
-// report to the views; conn*.go, a FUSE connection (its mount, the hub,
-// fusermount3, stale mounts); guard.go, panics and metrics; files.go, the
+// report to the views; notify.go, what the view's entries are sent (a
+// FUSE connection, its mount, the hub, fusermount3 and stale mounts are
+// package internal/fuseconn's); guard.go, panics and metrics; files.go, the
 // bound on the descriptors open files hold; view.go, a session's view
 // (mount, switch, reload, unmount).
 //
@@ -54,18 +55,17 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/internal/fuseconn"
 	"github.com/condfs/condfs/internal/safepath"
 )
 
@@ -153,14 +153,14 @@ func (s *spaces) release() {
 // it is mounted.
 type mountState struct {
 	fsOpts  *fs.Options
-	conn    *conn     // the view's own connection; nil in a hub (or not mounted)
-	id      uint64    // the kernel's id of the view's mount, to unmount exactly it
-	hub     *hub      // the hub serving the view, if any
-	hubName string    // the view's directory in the hub
-	gen     uint64    // generation of the view's nodes (its hub's count; 1 alone)
-	rootDev uint64    // the memories backing's device, mixed into inode numbers
-	at      time.Time // the mount root's timestamp
-	once    sync.Once // Unmount runs once
+	conn    *fuseconn.Conn // the view's own connection; nil in a hub (or not mounted)
+	id      uint64         // the kernel's id of the view's mount, to unmount exactly it
+	hub     *fuseconn.Hub  // the hub serving the view, if any
+	hubName string         // the view's directory in the hub
+	gen     uint64         // generation of the view's nodes (its hub's count; 1 alone)
+	rootDev uint64         // the memories backing's device, mixed into inode numbers
+	at      time.Time      // the mount root's timestamp
+	once    sync.Once      // Unmount runs once
 }
 
 // viewStats are a view's counters.
@@ -207,14 +207,14 @@ func (h *Host) Mount(opts Options) (*View, error) {
 
 func checkMountpoint(opts Options) error {
 	if opts.MountFD <= 0 {
-		return ClearStale(opts.Mountpoint)
+		return fuseconn.ClearStale(opts.Mountpoint)
 	}
-	switch state, err := Probe(opts.MountFD); {
+	switch state, err := fuseconn.Probe(opts.MountFD); {
 	case err != nil:
 		return fmt.Errorf("%s: %w", opts.Mountpoint, err)
-	case state == LiveFUSE:
+	case state == fuseconn.LiveFUSE:
 		return fmt.Errorf("%s is already a live FUSE mount; unmount it or pick another mountpoint", opts.Mountpoint)
-	case state == DeadFUSE:
+	case state == fuseconn.DeadFUSE:
 		return fmt.Errorf("%s is a dead FUSE mount", opts.Mountpoint)
 	}
 	return nil
@@ -261,7 +261,7 @@ func (h *Host) newView(opts Options) (*View, error) {
 	v.mnt.rootDev = v.spaces.dirs[0].dev
 	if h.hub != nil {
 		v.mnt.hub = h.hub
-		v.mnt.gen = h.hub.seq.Add(1) + 1
+		v.mnt.gen = h.hub.NextGen()
 	}
 	v.root = &rootNode{view: v}
 	v.root.access = newRootAccess(v)
@@ -421,15 +421,15 @@ func (v *View) mount() error {
 	if v.opts.MountFD <= 0 {
 		defer unix.Close(mpfd)
 	}
-	c, err := mountConn(connOptions{
-		mp: v.opts.Mountpoint, mpfd: mpfd, root: v.root, fsOpts: v.mnt.fsOpts, fusermount: true, log: v.log,
-		guard: guardFS{panics: &v.stats.panics, log: v.log, observe: v.host.observe},
+	c, err := fuseconn.Mount(fuseconn.Options{
+		Mountpoint: v.opts.Mountpoint, MountFD: mpfd, Root: v.root, FS: v.mnt.fsOpts, Fusermount: true, Log: v.log,
+		Wrap: guardFS{panics: &v.stats.panics, log: v.log, observe: v.host.observe}.serve,
 	})
 	if err != nil {
 		return err
 	}
-	v.mnt.conn, v.mnt.id = c, c.mntID
-	v.log.Debug("view mounted", "mountpoint", v.opts.Mountpoint, "inc_epoch", c.epoch.Load())
+	v.mnt.conn, v.mnt.id = c, c.MountID()
+	v.log.Debug("view mounted", "mountpoint", v.opts.Mountpoint, "inc_epoch", c.Epoch())
 	return nil
 }
 
@@ -442,10 +442,12 @@ func (v *View) mountHub() error {
 	if v.opts.MountFD <= 0 {
 		defer unix.Close(mpfd)
 	}
-	if err := v.mnt.hub.attach(v, mpfd); err != nil {
+	name, id, err := v.mnt.hub.Attach(v.mnt.gen, v.root, mpfd, v.opts.Mountpoint)
+	if err != nil {
 		return fmt.Errorf("mount %s: %w", v.opts.Mountpoint, err)
 	}
-	v.log.Debug("view mounted from the hub", "mountpoint", v.opts.Mountpoint, "hub", v.mnt.hub.dir, "name", v.mnt.hubName)
+	v.mnt.hubName, v.mnt.id = name, id
+	v.log.Debug("view mounted from the hub", "mountpoint", v.opts.Mountpoint, "hub", v.mnt.hub.Dir(), "name", v.mnt.hubName)
 	return nil
 }
 
@@ -456,66 +458,6 @@ func (v *View) mountpointFD() (int, error) {
 		return v.opts.MountFD, nil
 	}
 	return safepath.OpenDir(v.opts.Mountpoint)
-}
-
-// mountFUSE mounts a new FUSE connection on the directory mpfd and
-// returns its /dev/fuse fd.
-func mountFUSE(mpfd int, allowOther bool) (int, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(mpfd, &st); err != nil {
-		return -1, err
-	}
-	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("open /dev/fuse: %w", err)
-	}
-	opts := []string{
-		fmt.Sprintf("fd=%d", fd),
-		fmt.Sprintf("rootmode=%o", st.Mode&unix.S_IFMT),
-		fmt.Sprintf("user_id=%d", os.Geteuid()),
-		fmt.Sprintf("group_id=%d", os.Getegid()),
-		"default_permissions",
-	}
-	if allowOther {
-		opts = append(opts, "allow_other")
-	}
-	// Mount on the checked directory itself, through its fd.
-	err = unix.Mount("condfs", procPath(mpfd), "fuse.condfs", unix.MS_NOSUID|unix.MS_NODEV, strings.Join(opts, ","))
-	if err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
-}
-
-// mountID is the kernel's id of the mount whose root is at p.
-func mountID(p string) (uint64, error) {
-	fd, err := safepath.OpenDir(p)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	var stx unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
-		return 0, err
-	}
-	return stx.Mnt_id, nil
-}
-
-// incEpoch sends FUSE_NOTIFY_INC_EPOCH: the kernel then treats every dentry
-// of this mount made before now, negative ones included, as invalid.
-func incEpoch(devFD int) error {
-	var hdr fuse.OutHeader
-	hdr.Length = uint32(unsafe.Sizeof(hdr))
-	hdr.Status = -fuse.NOTIFY_INC_EPOCH // the wire carries the code negated
-	buf := unsafe.Slice((*byte)(unsafe.Pointer(&hdr)), unsafe.Sizeof(hdr))
-	for {
-		_, err := unix.Write(devFD, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		return err
-	}
 }
 
 // auditDeny reports a denial with the context it was decided in.
@@ -644,9 +586,9 @@ func (v *View) invalidateChanged(unchanged entryFate) {
 // where the kernel cannot expire entries (invalidate); lost events always.
 func (v *View) bumpEpoch(scoped bool) bool {
 	if v.mnt.hub != nil {
-		return !scoped && v.mnt.hub.conn.bumpEpoch(v.log)
+		return !scoped && v.mnt.hub.Conn().BumpEpoch(v.log)
 	}
-	return v.mnt.conn.bumpEpoch(v.log)
+	return v.mnt.conn.BumpEpoch(v.log)
 }
 
 // dropWhere sends, deepest first, the cached entries of every space (its
@@ -767,7 +709,7 @@ func (v *View) Unmount() error {
 			if v.mnt.id != 0 {
 				err = v.unmountOwn()
 			}
-			v.mnt.hub.detach(v)
+			v.mnt.hub.Detach(v.mnt.hubName)
 			return
 		}
 		if v.mnt.conn == nil {
@@ -781,7 +723,7 @@ func (v *View) Unmount() error {
 		// user leaves; the view does nothing meanwhile (closed), and its
 		// descriptors go when the connection ends.
 		err = v.unmountOwn()
-		v.mnt.conn.release(time.Second, v.log, v.closeBacking)
+		v.mnt.conn.Release(time.Second, v.log, v.closeBacking)
 	})
 	return err
 }
@@ -811,10 +753,10 @@ func (v *View) unmountOwn() error {
 	if stx.Mnt_id != v.mnt.id {
 		return fmt.Errorf("unmount %s: the mount there is not this view's (mount id %d, ours %d); left alone", mp, stx.Mnt_id, v.mnt.id)
 	}
-	if v.mnt.conn != nil && v.mnt.conn.fusermount {
+	if v.mnt.conn != nil && v.mnt.conn.Fusermount() {
 		// fusermount3 resolves the path itself, with the daemon's own
 		// (unprivileged) authority.
-		return fusermountUnmount(mp)
+		return fuseconn.FusermountUnmount(mp)
 	}
 	if e := unix.Unmount(procPath(fd), 0); e != nil {
 		if e2 := unix.Unmount(procPath(fd), unix.MNT_DETACH); e2 != nil && e2 != unix.EINVAL {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/condfs/condfs/acl"
 	cctx "github.com/condfs/condfs/context"
+	"github.com/condfs/condfs/internal/fuseconn"
 )
 
 const testRules = `
@@ -97,7 +98,7 @@ func newFixtureOn(t *testing.T, host *Host, rules string, atoms cctx.Set) *fixtu
 // driven in-process (it also attaches the tree's root).
 func (f *fixture) attach(v *View) {
 	f.v = v
-	f.raw = connOptions{root: v.root, fsOpts: v.mnt.fsOpts, guard: guardFS{panics: &v.stats.panics, log: v.log}}.rawFS(&notifier{})
+	f.raw = fuseconn.Options{Root: v.root, FS: v.mnt.fsOpts, Wrap: guardFS{panics: &v.stats.panics, log: v.log}.serve}.RawFS(&fuseconn.Notifier{})
 }
 
 func (f *fixture) write(rel, text string) string {

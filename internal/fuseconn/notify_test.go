@@ -1,4 +1,4 @@
-package fsys
+package fuseconn
 
 import (
 	"encoding/binary"
@@ -19,7 +19,7 @@ func TestExpireNotificationOnTheWire(t *testing.T) {
 	}
 	defer unix.Close(p[0])
 	defer unix.Close(p[1])
-	n := &notifier{}
+	n := &Notifier{}
 	n.devFD.Store(int32(p[1]))
 	if errno := n.expire(7, "app"); errno != syscall.ENOSYS {
 		t.Fatalf("expire without the kernel's offer: %v, want ENOSYS", errno)

@@ -1,4 +1,4 @@
-package fsys
+package fuseconn
 
 import (
 	"errors"
@@ -42,7 +42,7 @@ func mountFusermount(mp string, allowOther bool) (int, error) {
 	oob := make([]byte, unix.CmsgSpace(4))
 	_, oobn, _, _, err := unix.Recvmsg(int(local.Fd()), buf, oob, 0)
 	if err != nil {
-		fusermountUnmount(mp)
+		FusermountUnmount(mp)
 		return -1, fmt.Errorf("receive the fd from %s: %w", bin, err)
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
@@ -53,12 +53,13 @@ func mountFusermount(mp string, allowOther bool) (int, error) {
 			return fds[0], nil
 		}
 	}
-	fusermountUnmount(mp)
+	FusermountUnmount(mp)
 	return -1, fmt.Errorf("%s sent no fd", bin)
 }
 
-// fusermountUnmount unmounts a mount fusermount3 made (lazily if busy).
-func fusermountUnmount(mp string) error {
+// FusermountUnmount unmounts a mount fusermount3 made (lazily if busy):
+// what a daemon without the privilege to unmount uses.
+func FusermountUnmount(mp string) error {
 	bin, err := fusermountBinary()
 	if err != nil {
 		return err

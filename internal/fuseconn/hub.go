@@ -1,4 +1,4 @@
-package fsys
+package fuseconn
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"github.com/condfs/condfs/internal/safepath"
 )
 
-// A hub is one FUSE connection that serves the views of many sessions. Its
+// A Hub is one FUSE connection that serves the views of many sessions. Its
 // mount, in a directory only root can enter, holds one directory per view;
 // each view is that directory bind-mounted at the session's mountpoint.
 //
@@ -36,33 +36,31 @@ import (
 // only, one by one (the epoch notification is per connection and would
 // drop every session's cache); a reload, which concerns every view, may
 // bump the epoch once.
-type hub struct {
+type Hub struct {
 	dir     string
 	root    *hubRoot
-	conn    *conn
+	conn    *Conn
 	dirFD   int // O_PATH fd of the mounted hub root, to reach views by name
 	log     *slog.Logger
 	seq     atomic.Uint64
-	panics  atomic.Int64
 	closing atomic.Bool
 	closeMu sync.Once
-	timeout time.Duration
 	mu      sync.Mutex
 	views   int
 }
 
-// hubOptions configure a hub.
-type hubOptions struct {
+// HubOptions configure a hub.
+type HubOptions struct {
 	// Dir is the hub's mountpoint, created 0700 if missing. Callers never
 	// use it; the views are reached through their own mountpoints.
 	Dir string
-	// AttrTimeout is the kernel's positive entry and attribute cache time
-	// for every view of the hub; 0 means 1s.
-	AttrTimeout time.Duration
-	Logger      *slog.Logger
-	Debug       bool
-	// Observe, if set, is told of every FUSE request when it ends.
-	Observe func(op string, start time.Time)
+	// FS are the options of the hub's nodes, every view's: the kernel's
+	// cache times, the mount's options. Its root's StableAttr is the
+	// hub's.
+	FS *fs.Options
+	// Wrap is how the hub's requests are served (Options.Wrap).
+	Wrap   func(bridge fuse.RawFileSystem, n *Notifier) fuse.RawFileSystem
+	Logger *slog.Logger
 }
 
 // hubRoot is the hub's mount root: one child per view, added and removed
@@ -92,18 +90,15 @@ func (r *hubRoot) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	return fs.NewListDirStream(nil), 0
 }
 
-// newHub mounts a hub at o.Dir. It needs a root daemon.
-func newHub(o hubOptions) (*hub, error) {
+// NewHub mounts a hub at o.Dir. It needs a root daemon.
+func NewHub(o HubOptions) (*Hub, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("fsys: a hub (shared connection) needs a root daemon (bind mounts need CAP_SYS_ADMIN)")
-	}
-	if o.AttrTimeout == 0 {
-		o.AttrTimeout = DefaultAttrTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &hub{dir: o.Dir, dirFD: -1, log: o.Logger, timeout: o.AttrTimeout}
+	h := &Hub{dir: o.Dir, dirFD: -1, log: o.Logger}
 	h.root = &hubRoot{mountedAt: time.Now()}
 	if err := safepath.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
@@ -111,23 +106,14 @@ func newHub(o hubOptions) (*hub, error) {
 	if err := ClearStale(o.Dir); err != nil {
 		return nil, fmt.Errorf("hub: %w", err)
 	}
-	zero := time.Duration(0)
-	fsOpts := &fs.Options{
-		EntryTimeout:    &h.timeout,
-		AttrTimeout:     &h.timeout,
-		NegativeTimeout: &zero,
-		MountOptions:    viewMountOptions(true, o.Debug),
-		RootStableAttr:  &fs.StableAttr{Ino: 1},
-		// Modes reach the kernel as they are (see newView).
-		NullPermissions: true,
-	}
+	fsOpts := *o.FS
+	fsOpts.RootStableAttr = &fs.StableAttr{Ino: 1}
 	mpfd, err := safepath.OpenDir(o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("hub %s: %w", o.Dir, err)
 	}
-	c, err := mountConn(connOptions{
-		mp: o.Dir, mpfd: mpfd, root: h.root, fsOpts: fsOpts, private: true, log: h.log,
-		guard: guardFS{panics: &h.panics, log: h.log, observe: o.Observe},
+	c, err := Mount(Options{
+		Mountpoint: o.Dir, MountFD: mpfd, Root: h.root, FS: &fsOpts, Wrap: o.Wrap, Private: true, Log: h.log,
 	})
 	unix.Close(mpfd)
 	if err != nil {
@@ -138,40 +124,57 @@ func newHub(o hubOptions) (*hub, error) {
 		h.Close()
 		return nil, fmt.Errorf("hub: %w", err)
 	}
-	h.log.Info("hub mounted", "dir", o.Dir, "inc_epoch", c.epoch.Load())
+	h.log.Info("hub mounted", "dir", o.Dir, "inc_epoch", c.Epoch())
 	return h, nil
 }
 
-// Panics counts the FUSE operations of the hub's views that panicked.
-func (h *hub) Panics() int64 { return h.panics.Load() }
+// Dir is the hub's mountpoint.
+func (h *Hub) Dir() string { return h.dir }
+
+// NextGen is the generation of the next view's nodes: each view's own, so
+// that two views over one backing tree never share a node (go-fuse merges
+// nodes with equal StableAttr).
+func (h *Hub) NextGen() uint64 { return h.seq.Add(1) + 1 }
+
+// Conn is the hub's connection.
+func (h *Hub) Conn() *Conn { return h.conn }
+
+// Notifier is the hub's connection's calls into the kernel; nil before it
+// is mounted.
+func (h *Hub) Notifier() *Notifier {
+	if h.conn == nil {
+		return nil
+	}
+	return h.conn.notify
+}
 
 // Views is the number of views attached.
-func (h *hub) Views() int {
+func (h *Hub) Views() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.views
 }
 
-// attach adds v's root to the hub and bind-mounts it on the directory
-// mpfd; it returns the mount's id.
-func (h *hub) attach(v *View, mpfd int) error {
+// Attach adds root, a view's root whose nodes are of generation gen
+// (NextGen), to the hub and bind-mounts it on the directory mpfd (the
+// directory at mp); it returns the view's name in the hub (for Detach) and
+// the mount's id.
+func (h *Hub) Attach(gen uint64, root fs.InodeEmbedder, mpfd int, mp string) (name string, id uint64, err error) {
 	if h.closing.Load() {
-		return errors.New("hub is closing")
+		return "", 0, errors.New("hub is closing")
 	}
-	name := strconv.FormatUint(v.mnt.gen, 10)
-	ch := h.root.NewPersistentInode(context.Background(), v.root, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: 1, Gen: v.mnt.gen})
+	name = strconv.FormatUint(gen, 10)
+	ch := h.root.NewPersistentInode(context.Background(), root, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: 1, Gen: gen})
 	h.root.AddChild(name, ch, false)
-	v.mnt.hubName = name
 	h.mu.Lock()
 	h.views++
 	h.mu.Unlock()
-	id, err := bindMount(h.dirFD, name, mpfd, v.opts.Mountpoint)
+	id, err = bindMount(h.dirFD, name, mpfd, mp)
 	if err != nil {
-		h.detach(v)
-		return err
+		h.Detach(name)
+		return "", 0, err
 	}
-	v.mnt.id = id
-	return nil
+	return name, id, nil
 }
 
 // bindMount mounts a clone of dirfd/name on mpfd (the directory at mp):
@@ -204,17 +207,17 @@ func bindMount(dirfd int, name string, mpfd int, mp string) (uint64, error) {
 	return mountID(mp)
 }
 
-// detach removes v's root from the hub and asks the kernel to drop its
-// dentry, so that its nodes are forgotten once nothing uses them; v's
-// backing directories are closed then (rootNode.OnForget).
-func (h *hub) detach(v *View) {
-	if v.mnt.hubName == "" {
+// Detach removes the view name (Attach) from the hub and asks the kernel
+// to drop its dentry, so that its nodes are forgotten once nothing uses
+// them (its root's OnForget then runs).
+func (h *Hub) Detach(name string) {
+	if name == "" {
 		return
 	}
-	ch := h.root.GetChild(v.mnt.hubName)
-	h.root.RmChild(v.mnt.hubName)
-	if errno := h.root.NotifyEntry(v.mnt.hubName); errno != 0 && errno != syscall.ENOENT {
-		h.log.Debug("NotifyEntry", "view", v.mnt.hubName, "errno", errno)
+	ch := h.root.GetChild(name)
+	h.root.RmChild(name)
+	if errno := h.root.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
+		h.log.Debug("NotifyEntry", "view", name, "errno", errno)
 	}
 	if ch != nil {
 		ch.ForgetPersistent()
@@ -226,7 +229,7 @@ func (h *hub) detach(v *View) {
 
 // Close unmounts the hub and waits for its server to stop. Views still
 // attached stop working (ENOTCONN).
-func (h *hub) Close() error {
+func (h *Hub) Close() error {
 	var err error
 	h.closeMu.Do(func() {
 		h.closing.Store(true)
@@ -240,7 +243,7 @@ func (h *hub) Close() error {
 		if e := unix.Unmount(h.dir, unix.MNT_DETACH); e != nil && e != unix.EINVAL {
 			err = fmt.Errorf("unmount hub %s: %w", h.dir, e)
 		}
-		if !h.conn.release(10*time.Second, h.log, nil) {
+		if !h.conn.Release(10*time.Second, h.log, nil) {
 			err = errors.Join(err, fmt.Errorf("unmount hub %s: server did not stop", h.dir))
 		}
 	})

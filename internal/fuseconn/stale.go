@@ -1,4 +1,4 @@
-package fsys
+package fuseconn
 
 import (
 	"errors"
@@ -56,7 +56,7 @@ func UnmountDead(fd int, mp string) error {
 	if !errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("clear the dead mount on %s: %w", mp, err)
 	}
-	if err2 := fusermountUnmount(mp); err2 != nil {
+	if err2 := FusermountUnmount(mp); err2 != nil {
 		return fmt.Errorf("clear the dead mount on %s: %v; %w", mp, err, err2)
 	}
 	return nil

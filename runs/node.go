@@ -20,8 +20,11 @@
 //	Session.egressMu             its egress share, made at its first policy run
 //	authority.mu, authority.rootsMu   the egress CA, and the roots of inspected hosts (inspect.go)
 //
-// The last three are leaves: nothing is taken while they are held. No
-// lock is held across a sandbox's build, a command's start or a wait.
+// The last three take no other lock of the list while held. The switch
+// lock is held across a run's Allow and a command's Begin (each waits for
+// the run's init), so that a run never holds binaries its context no
+// longer allows; no lock is held across a sandbox's build, and the others
+// never across a wait for a run.
 package runs
 
 import (

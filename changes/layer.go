@@ -99,7 +99,7 @@ func OpenLayer(opts LayerOptions) (*Layer, error) {
 				return nil, fmt.Errorf("staged: %w", err)
 			}
 		}
-		if err := os.RemoveAll(opts.Dir); err != nil {
+		if err := removeLocal(opts.Dir); err != nil {
 			return nil, fmt.Errorf("staged: clear %s: %w", opts.Dir, err)
 		}
 	}
@@ -1053,7 +1053,7 @@ func (l *Layer) shut(remove bool) error {
 		l.baseF.Close()
 	}
 	if remove && !mounted { // never through a merged directory still mounted
-		if err := os.RemoveAll(l.opts.Dir); err != nil {
+		if err := removeLocal(l.opts.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("staged: remove %s: %w", l.opts.Dir, err))
 		}
 	}

@@ -3,6 +3,7 @@ package changes
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"path/filepath"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -44,13 +45,23 @@ func removeBeneath(root int, p string) error {
 	return removeTreeAt(pfd, name)
 }
 
+// removeTreeAt removes name in the directory pfd, a directory with all
+// below it, never across a mount: a filesystem mounted on a directory of
+// the tree (which the view never shows, nor overlayfs merges) is refused
+// with EXDEV, not emptied with the daemon's authority.
 func removeTreeAt(pfd int, name string) error {
-	var st unix.Stat_t
+	var pst, st unix.Stat_t
+	if err := unix.Fstat(pfd, &pst); err != nil {
+		return err
+	}
 	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if err == unix.ENOENT {
 			return nil
 		}
 		return err
+	}
+	if st.Dev != pst.Dev {
+		return unix.EXDEV
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		if err := unix.Unlinkat(pfd, name, 0); err != nil && err != unix.ENOENT {
@@ -61,6 +72,11 @@ func removeTreeAt(pfd int, name string) error {
 	dfd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
+	}
+	var dst unix.Stat_t
+	if err := unix.Fstat(dfd, &dst); err != nil || dst.Dev != st.Dev || dst.Ino != st.Ino {
+		unix.Close(dfd)
+		return unix.EXDEV // swapped or mounted on since the stat
 	}
 	names, err := readNames(dfd)
 	if err == nil {
@@ -78,6 +94,20 @@ func removeTreeAt(pfd int, name string) error {
 		return err
 	}
 	return nil
+}
+
+// removeLocal removes the directory dir and all below it, never across a
+// mount (os.RemoveAll walks into one).
+func removeLocal(dir string) error {
+	pfd, err := unix.Open(filepath.Dir(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	return removeTreeAt(pfd, filepath.Base(dir))
 }
 
 func readNames(dfd int) ([]string, error) {

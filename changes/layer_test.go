@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func openTestLayer(t *testing.T, state, backing string, fresh bool) *Layer {
@@ -342,5 +344,44 @@ func TestLayerDirectoryRemovalConflictsWithWhatWasMadeInItSince(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(backing + "/gone/sub/x"); string(b) != "changed since" {
 		t.Errorf("the file changed since was removed: %q", b)
+	}
+}
+
+// TestLayerCommitNeverRemovesAcrossAMount: a filesystem mounted on a
+// directory of the backing tree is not in the layer's merged view (the
+// session removes the empty directory beneath it); a commit of the removal
+// of a directory above it stops at the mount (EXDEV) and leaves what the
+// mounted filesystem holds.
+func TestLayerCommitNeverRemovesAcrossAMount(t *testing.T) {
+	backing, state := layerFixture(t)
+	mnt := backing + "/gone/mnt"
+	must(t, os.Mkdir(mnt, 0o755))
+	must(t, unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"))
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	must(t, os.WriteFile(mnt+"/precious", []byte("keep"), 0o644))
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	// The view's recorder refuses a change at the mountpoint (openat2
+	// never crosses a mount)...
+	if err := l.Before("workspace", "/gone/mnt"); err == nil {
+		t.Fatal("a change at a mountpoint of the backing tree was recorded")
+	}
+	// ...and were the removal in the layer all the same, the commit stops
+	// at the mount.
+	for _, p := range []string{"/gone/sub/x", "/gone/sub", "/gone/mnt", "/gone"} {
+		must(t, os.Remove(l.Merged("workspace")+p))
+	}
+	if res, err := l.Commit(nil, false); err == nil && (res.Committed != 0 || len(res.Conflicts) == 0) {
+		t.Fatalf("a commit removed a directory holding a mount, answering neither an error nor a conflict: %+v", res)
+	}
+	if b, err := os.ReadFile(mnt + "/precious"); err != nil || string(b) != "keep" {
+		t.Fatalf("a commit removed what a mounted filesystem holds: %q %v", b, err)
+	}
+	// What a forced commit's removal does: stop at the mount.
+	if err := removeBeneath(l.spaces["workspace"].lowerFD, "/gone"); err != unix.EXDEV {
+		t.Fatalf("a removal across a mount: %v", err)
+	}
+	if b, err := os.ReadFile(mnt + "/precious"); err != nil || string(b) != "keep" {
+		t.Fatalf("a removal emptied a mounted filesystem: %q %v", b, err)
 	}
 }

@@ -3,8 +3,8 @@ package changes
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"path/filepath"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"unicode/utf8"
 

@@ -74,6 +74,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	# The test environment is for tests and bench/ only: never in a binary.
+	@if $(GO) list -deps ./cmd/... | grep -q internal/testenv; then echo "internal/testenv is in a binary's imports"; exit 1; fi
 
 demo: build
 	./examples/demo.sh $(BIN)

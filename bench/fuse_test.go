@@ -202,6 +202,9 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if plainDir != "" {
+		os.RemoveAll(plainDir)
+	}
 	if fx != nil {
 		for i := len(fx.stop) - 1; i >= 0; i-- {
 			fx.stop[i]()

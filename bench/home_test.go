@@ -2,59 +2,49 @@ package bench
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
+	"sync"
 	"testing"
-	"time"
 
-	"github.com/condfs/condfs/control"
+	"github.com/condfs/condfs/internal/testenv"
 )
 
-// runHome is a daemon of the benchmark's own, for condfs run: condfs
-// built into a temporary directory, a home whose config holds conditions
-// and policy, and session "s" (context internal) open. It is stopped with
-// b.
+var (
+	plainOnce sync.Once
+	plainDir  string // removed by TestMain
+	plainErr  error
+)
+
+// usePlainBinaries makes testenv's daemon condfs built without the race
+// detector (the benchmarks time it), once per run of the benchmarks.
+func usePlainBinaries(b *testing.B) {
+	b.Helper()
+	plainOnce.Do(func() {
+		if plainDir, plainErr = os.MkdirTemp("", "condfs-bench-bin"); plainErr != nil {
+			return
+		}
+		if plainErr = buildCondfs(plainDir); plainErr == nil {
+			testenv.UseBinaries(plainDir)
+		}
+	})
+	if plainErr != nil {
+		b.Fatal(plainErr)
+	}
+}
+
+// runHome is a daemon of the benchmark's own, for condfs run: a home whose
+// config holds conditions and policy, and session "s" (context internal)
+// open. It is stopped with b.
 type runHome struct {
 	bin, root, sock string
 }
 
 func newRunHome(b *testing.B, conditions, policy string, serve ...string) *runHome {
 	b.Helper()
-	dir := b.TempDir()
-	h := &runHome{bin: filepath.Join(dir, "condfs"), root: filepath.Join(dir, "home")}
-	if err := buildCondfs(dir); err != nil {
-		b.Fatal(err)
-	}
-	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace", "mnt"} {
-		os.MkdirAll(filepath.Join(h.root, d), 0o755)
-	}
-	os.WriteFile(filepath.Join(h.root, "config/conditions.toml"), []byte(conditions), 0o644)
-	os.WriteFile(filepath.Join(h.root, "config/policy.yaml"), []byte(policy), 0o644)
-	h.sock = filepath.Join(h.root, "run/condfs.sock")
-	args := append([]string{"serve", "--root", h.root, "--socket", h.sock, "--log-level", "error",
-		"--audit", filepath.Join(dir, "audit.log")}, serve...)
-	d := exec.Command(h.bin, args...)
-	d.Stderr = os.Stderr
-	if err := d.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Process.Signal(os.Interrupt); d.Wait() })
-	var c *control.Client
-	for i := 0; ; i++ {
-		var err error
-		if c, err = control.Dial(h.sock); err == nil {
-			break
-		}
-		if i > 500 {
-			b.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	defer c.Close()
-	if err := c.Call("session.open", map[string]any{"id": "s", "mount": filepath.Join(h.root, "mnt/s"), "context": []string{"internal"}}, nil); err != nil {
-		b.Fatal(err)
-	}
-	return h
+	usePlainBinaries(b)
+	h := testenv.NewHome(b, conditions, policy)
+	d := testenv.Start(b, h, append([]string{"--log-level", "error", "--audit", h.Path("audit.log")}, serve...)...)
+	d.Open("s", []string{"internal"})
+	return &runHome{bin: testenv.Condfs(), root: h.Root, sock: d.Socket}
 }
 
 // run is the argv of condfs run in session s.

@@ -15,9 +15,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/condfs/condfs/internal/testenv"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -37,6 +38,7 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	testenv.UseBinaries(dir)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -64,26 +66,7 @@ func serve(t testing.TB) string {
 // servePolicy starts a daemon with policy and returns its socket.
 func servePolicy(t testing.TB, policy string) string {
 	t.Helper()
-	root := t.TempDir()
-	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
-	}
-	os.WriteFile(filepath.Join(root, "config/policy.yaml"), []byte(policy), 0o644)
-	sock := filepath.Join(root, "run/condfs.sock")
-	d := exec.Command(condfsBin, "serve", "--root", root, "--socket", sock, "--log-level", "error")
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
-	for i := 0; ; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			return sock
-		}
-		if i > 500 {
-			t.Fatal("daemon did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return testenv.Serve(t, testenv.NewHome(t, "-", policy)).Socket
 }
 
 type rig struct {

@@ -4,42 +4,23 @@ import (
 	"encoding/json"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/condfs/condfs/internal/testenv"
 )
 
 // startServe runs condfs serve with no view (tool decisions need none)
 // over a root whose policy is policyFile; it returns the socket path.
 func startServe(t *testing.T, policyFile string) string {
 	t.Helper()
-	root := t.TempDir()
-	for _, d := range []string{"config", "blocks/conditional", "memories", "workspace"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
-	}
 	data, err := os.ReadFile(policyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, root, "config/policy.yaml", string(data))
-	sock := filepath.Join(root, "run", "condfs.sock")
-	cmd := exec.Command(condfsBin, "serve", "--root", root, "--socket", sock, "--log-level", "error")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	for i := 0; ; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			return sock
-		}
-		if i > 500 {
-			t.Fatal("condfs serve did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return testenv.Serve(t, testenv.NewHome(t, "-", string(data))).Socket
 }
 
 type hookOut struct {

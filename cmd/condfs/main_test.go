@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/condfs/condfs/internal/testenv"
 )
 
 // condfsBin is the binary built once for the CLI tests: they run the real
@@ -27,6 +29,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	testenv.UseBinaries(dir)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -97,13 +97,26 @@ func Start(t testing.TB, h *Home, extra ...string) *Daemon {
 
 // StartUnder starts condfs serve through a wrapper command that execs it
 // (prlimit, setpriv), so that the daemon keeps the wrapper's pid.
+func StartUnder(t testing.TB, h *Home, wrapper []string, extra ...string) *Daemon {
+	t.Helper()
+	RequireFUSE(t)
+	return serve(t, h, wrapper, extra...)
+}
+
+// Serve starts condfs serve on h for decisions only (tool.decide,
+// path.check): it mounts no view, so it needs neither root nor FUSE.
+func Serve(t testing.TB, h *Home, extra ...string) *Daemon {
+	t.Helper()
+	return serve(t, h, nil, extra...)
+}
+
+// serve starts the daemon and waits for its socket.
 //
 // CONDFS_TEST_CONNECTIONS and CONDFS_TEST_EGRESS_CAPTURE set
 // --connections and --egress-capture: make test runs the no-stale and the
 // egress tests again on each kind.
-func StartUnder(t testing.TB, h *Home, wrapper []string, extra ...string) *Daemon {
+func serve(t testing.TB, h *Home, wrapper []string, extra ...string) *Daemon {
 	t.Helper()
-	RequireFUSE(t)
 	d := &Daemon{t: t, Home: h, Socket: filepath.Join(h.Root, "run", "condfs.sock"), exited: make(chan struct{})}
 	args := []string{"serve", "--root", h.Root, "--socket", d.Socket, "--log-level", "debug"}
 	if c := os.Getenv("CONDFS_TEST_CONNECTIONS"); c != "" {

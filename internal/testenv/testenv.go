@@ -21,9 +21,10 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
+	buildDir                  string // made by Main's package on first use; removed by Main
+	binDir                    string // where condfs and condfsd are
+	dirOnce, binOnce, atkOnce sync.Once
+	dirErr, binErr, atkErr    error
 )
 
 // Main runs a test package's tests (call it from TestMain) and removes
@@ -36,41 +37,62 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// build builds the condfs client, the daemon beside it (race-enabled, with
-// the condfstest hooks) and the attacker program once per test process, on
-// first use: a package whose selected tests need none builds nothing.
-func build() {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "condfs-it")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildDir = dir
-		// Unprivileged callers run both binaries.
-		os.Chmod(dir, 0o755)
-		for _, b := range [][]string{
-			{"build", "-race", "-tags", "condfstest", "-o", dir + "/", "github.com/condfs/condfs/cmd/condfs", "github.com/condfs/condfs/cmd/condfsd"},
-			{"build", "-o", dir + "/", "github.com/condfs/condfs/internal/testenv/attacker"},
-		} {
-			if out, err := exec.Command("go", b...).CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go %v: %v\n%s", b, err, out)
-				return
-			}
+// UseBinaries makes Condfs the condfs (and condfsd beside it) a package
+// built itself into dir: cmd/condfs's tests build the client they test,
+// bench/ builds them without the race detector. Call it before the first
+// Condfs.
+func UseBinaries(dir string) {
+	binOnce.Do(func() { binDir = dir })
+}
+
+// build runs go build args into the package's build directory, made on
+// first use: a package whose selected tests need no binary builds none.
+func build(args ...string) error {
+	dirOnce.Do(func() {
+		buildDir, dirErr = os.MkdirTemp("", "condfs-it")
+		// Unprivileged callers run the binaries.
+		if dirErr == nil {
+			dirErr = os.Chmod(buildDir, 0o755)
 		}
 	})
-	if buildErr != nil {
-		fmt.Fprintln(os.Stderr, buildErr)
+	if dirErr != nil {
+		return dirErr
+	}
+	args = append([]string{"build", "-o", buildDir + "/"}, args...)
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("go %v: %v\n%s", args, err, out)
+	}
+	return nil
+}
+
+// must ends the test process when a binary cannot be built: every test
+// after would fail the same way.
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }
 
-// Condfs is the path of the condfs client; the daemon, condfsd, is beside it.
-func Condfs() string { build(); return filepath.Join(buildDir, "condfs") }
+// Condfs is the path of the condfs client, with the daemon, condfsd,
+// beside it: built once per test process, race-enabled and with the
+// condfstest hooks, unless UseBinaries named others.
+func Condfs() string {
+	binOnce.Do(func() {
+		binErr = build("-race", "-tags", "condfstest", "github.com/condfs/condfs/cmd/condfs", "github.com/condfs/condfs/cmd/condfsd")
+		binDir = buildDir
+	})
+	must(binErr)
+	return filepath.Join(binDir, "condfs")
+}
 
 // Attacker is the path of the attacker program (internal/testenv/attacker):
 // the syscalls a hostile caller makes, as subcommands.
-func Attacker() string { build(); return filepath.Join(buildDir, "attacker") }
+func Attacker() string {
+	atkOnce.Do(func() { atkErr = build("github.com/condfs/condfs/internal/testenv/attacker") })
+	must(atkErr)
+	return filepath.Join(buildDir, "attacker")
+}
 
 // RequireFUSE fails in CI and skips elsewhere when views cannot be mounted.
 func RequireFUSE(t testing.TB) {

@@ -201,6 +201,19 @@ func unmountUnder(dir string) error {
 	return fmt.Errorf("unmount %s: still mounted", dir)
 }
 
+// RemoveDir removes a session's directory of changes (a store or a layer
+// an earlier session of its id left): a merged directory a crashed daemon
+// left mounted is detached first, and nothing is removed across a mount.
+func RemoveDir(dir string) error {
+	names, _ := os.ReadDir(filepath.Join(dir, "merged"))
+	for _, n := range names {
+		if err := unmountUnder(filepath.Join(dir, "merged", n.Name())); err != nil {
+			return fmt.Errorf("staged: %w", err)
+		}
+	}
+	return removeLocal(dir)
+}
+
 // Merged is the directory the session's view serves for space.
 func (l *Layer) Merged(space string) string {
 	if sp, ok := l.spaces[space]; ok {

@@ -140,7 +140,7 @@ func (d *Daemon) openChanges(s *session, restored bool) {
 		return
 	}
 	if !restored {
-		if err := os.RemoveAll(dir); err != nil {
+		if err := changes.RemoveDir(dir); err != nil {
 			d.log.Error("session changes: a leftover store could not be removed", "session", s.id, "err", err)
 		}
 		return

@@ -88,8 +88,8 @@ func TestStagedChangesReachNothingUntilCommit(t *testing.T) {
 	if got, hidden := stagedDiff(d, "s"); strings.Join(got, ",") != strings.Join(want, ",") || hidden != 0 {
 		t.Fatalf("diff %v (hidden %d), want %v", got, hidden, want)
 	}
-	ctl := testenv.AsNobody(t, "condfs", "ctl", "--socket", d.Socket, "diff", "s")
-	if !strings.Contains(ctl, "M workspace/a.txt") || !strings.Contains(ctl, "D workspace/gone.txt") {
+	ctl := testenv.AsNobody(t, "condfs", "ctl", "--socket", d.Socket, "diff", "s", "--content")
+	if !strings.Contains(ctl, "M workspace/a.txt") || !strings.Contains(ctl, "D workspace/gone.txt") || !strings.Contains(ctl, "+tool") || !strings.Contains(ctl, "-gone") {
 		t.Fatalf("ctl diff:\n%s", ctl)
 	}
 
@@ -115,6 +115,11 @@ func TestStagedChangesReachNothingUntilCommit(t *testing.T) {
 	}
 	if got, _ := stagedDiff(d, "s"); len(got) != 0 {
 		t.Fatalf("changes left after commit: %v", got)
+	}
+	for _, want := range []string{`"op":"commit"`, `"committed":3`, `"committed":6`} {
+		if !strings.Contains(d.Log(), want) {
+			t.Errorf("the audit lacks %s", want)
+		}
 	}
 	d.Call("session.close", map[string]any{"id": "s"}, nil)
 }

@@ -19,15 +19,16 @@ type countingWriter struct{ n atomic.Int64 }
 
 func (w *countingWriter) Write(b []byte) (int, error) { w.n.Add(int64(len(b))); return len(b), nil }
 
-// TestPathCheckAuditClipped: the eleventh review clips what a
-// caller names in tool.decide records (auditClip, a KiB), but path.check's
-// path goes into the denial record whole (auditPathAs: "path", path) and
+// TestPathCheckAuditClipped: what a caller names in tool.decide records
+// is clipped (auditClip, a KiB), and so is path.check's path, which would
+// otherwise go into the denial record whole (auditPathAs: "path", path) and
 // into the denial limiter's keys (denialKey{space, path, op}), and
 // acl.Canon bounds no length: a request line holds a path of up to 1 MiB.
-// The limiter writes 256 distinct denials per key per second and keeps
-// the last 256 per key (the uid's own key, never forgotten, and each of
-// its sessions'): any admitted uid writes about 256 MiB of audit a second
-// per key and makes the daemon hold 256 MiB per key until it closes.
+// Unclipped, the limiter would write 256 distinct denials per key per
+// second and keep the last 256 per key (the uid's own key, never
+// forgotten, and each of its sessions'): any admitted uid would write
+// about 256 MiB of audit a second per key and make the daemon hold 256 MiB
+// per key until it closes.
 func TestPathCheckAuditClipped(t *testing.T) {
 	root := t.TempDir()
 	for _, d := range []string{"config", "memories", "workspace", "blocks"} {

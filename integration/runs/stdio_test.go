@@ -645,7 +645,7 @@ except OSError as e:
 // regular file on a mount that allows execution and /dev/zero (the command
 // could map them executable: TestStdinFileOnExecMountNeverExecutes), a socket (a Unix
 // one carries descriptors both ways, an unconnected one connects where it
-// was made: TestAtk9CStdin*), and a fourth descriptor beside the three.
+// was made: TestStdinSocketPassesNoDescriptorsOut, TestStdinInetSocketReachesNoNetwork), and a fourth descriptor beside the three.
 func TestRunStdioIsAStreamOfItsOwn(t *testing.T) {
 	d, _ := testenv.RunHome(t)
 	d.SetContext("s", testenv.Guild)

@@ -85,14 +85,14 @@ func must(t *testing.T, err error) {
 }
 
 // TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule: readers of a held file (4 threads, O_DIRECT with
-// ATK2_FLAGS=direct, a view kept busy with ATK2_BUSY) never read what a DM
+// CONDFS_TEST_RACE_FLAGS=direct, a view kept busy with CONDFS_TEST_RACE_BUSY) never read what a DM
 // writes after it moved the file into private/.
 func TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule(t *testing.T) {
-	flags := os.Getenv("ATK2_FLAGS") // "direct" or ""
+	flags := os.Getenv("CONDFS_TEST_RACE_FLAGS") // "direct" or ""
 	busyN := 0
-	fmt.Sscan(os.Getenv("ATK2_BUSY"), &busyN)
+	fmt.Sscan(os.Getenv("CONDFS_TEST_RACE_BUSY"), &busyN)
 	rounds := 20
-	fmt.Sscan(os.Getenv("ATK2_ROUNDS"), &rounds)
+	fmt.Sscan(os.Getenv("CONDFS_TEST_RACE_ROUNDS"), &rounds)
 	h, dm, a, b := renameSetup(t)
 	h.Write("memories/pub/busy.bin", "")
 	os.Chown(h.Path("memories/pub/busy.bin"), testenv.Nobody, testenv.Nobody)
@@ -123,11 +123,7 @@ func TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule(t *testing.T) {
 		res := ask(fmt.Sprint(renamed))
 		t.Logf("round %d: %s", i, res)
 		if strings.Contains(res, "secret=") && !strings.Contains(res, "secret=0 ") {
-			for _, l := range strings.Split(dm.Log(), "\n") {
-				if strings.Contains(l, "ATK2") {
-					t.Log(l)
-				}
-			}
+			t.Log(testenv.Tail(dm.Log(), 40))
 			t.Errorf("LEAK round %d: %s", i, res)
 		}
 		must(t, os.Rename(b+"/memories/private/a.md", b+"/memories/pub/a.md"))
@@ -142,7 +138,7 @@ func TestHeldFileReadersNeverSeeWritesAfterMoveIntoRule(t *testing.T) {
 // parent had made stale.
 func TestRenameIntoRuleDuringExchangeRevokes(t *testing.T) {
 	rounds := 200
-	fmt.Sscan(os.Getenv("ATK2_ROUNDS"), &rounds)
+	fmt.Sscan(os.Getenv("CONDFS_TEST_RACE_ROUNDS"), &rounds)
 	h, dm, a, b := renameSetup(t)
 	os.MkdirAll(h.Path("memories/pub/d"), 0o755)
 	h.Write("memories/pub/d/a.md", "public v1")
@@ -198,11 +194,7 @@ func TestRenameIntoRuleDuringExchangeRevokes(t *testing.T) {
 			bb, _ := os.ReadFile(h.Path("memories/private/a.md"))
 			time.Sleep(500 * time.Millisecond)
 			r3 := sh("read " + id)
-			for _, l := range strings.Split(dm.Log(), "\n") {
-				if strings.Contains(l, "ATK2") {
-					t.Log(l)
-				}
-			}
+			t.Log(testenv.Tail(dm.Log(), 40))
 			t.Errorf("LEAK round %d: read through held fd after the file moved into private: %s (%s); backing private/a.md stat err=%v; after a DM write: read=%s write=%s backing now %q; 0.5s later read=%s", i, r, at, berr, r2, w2, bb, r3)
 		}
 		sh("close " + id)

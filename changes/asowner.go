@@ -18,8 +18,11 @@ type Owner struct{ UID, GID uint32 }
 // filesystem capabilities with fsuid). The thread is never given back: its
 // goroutine exits locked, which ends it. A daemon that is the owner runs f
 // as itself; one that cannot switch (not root) does not run f.
-func (s *Store) asOwner(f func()) bool {
-	o := s.opts.Owner
+func (s *Store) asOwner(f func()) bool { return runAs(s.opts.Owner, f) }
+
+// runAs runs f with o's filesystem credentials, as Store.asOwner says; f
+// runs as the daemon when o is nil.
+func runAs(o *Owner, f func()) bool {
 	if o == nil || (uint32(os.Geteuid()) == o.UID && uint32(os.Getegid()) == o.GID) {
 		f()
 		return true

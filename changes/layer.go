@@ -62,6 +62,10 @@ type LayerOptions struct {
 	// Owner is the session owner's uid: a forced commit never replaces
 	// or removes what another uid (root aside) has at a path now.
 	Owner uint32
+	// As, if set (and not root), is whose permission a commit checks in
+	// the backing tree now: a change the owner could not make there
+	// natively any more is a conflict, even with force.
+	As *Owner
 }
 
 type layerSpace struct {
@@ -530,7 +534,11 @@ func (l *Layer) walk(sp *layerSpace, rel string, lowerDir, hiding bool, out *[]s
 			switch {
 			case low.T == "n":
 				c.change = "added"
-			case low.T != "d" || up.Mode != low.Mode:
+			case low.T != "d":
+				c.change = "modified"
+			case up.Mode != low.Mode && l.changed(sp.name, p):
+				// A directory copied up keeps the mode it had then: a
+				// chmod in the backing tree since is not the session's.
 				c.change = "modified"
 			}
 			if c.change != "" {
@@ -555,6 +563,14 @@ func (l *Layer) walk(sp *layerSpace, rel string, lowerDir, hiding bool, out *[]s
 		}
 	}
 	return nil
+}
+
+// changed: the session changed p itself (Before was told of it).
+func (l *Layer) changed(space, p string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.base[key{space, p}]
+	return ok
 }
 
 // hiddenBelow lists as deleted the backing entries an opaque directory of
@@ -795,6 +811,9 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 		if reason != "" && force {
 			reason = l.notOwners(sp, c)
 		}
+		if reason == "" {
+			reason = l.ownerMayNot(sp, c)
+		}
 		if reason != "" {
 			res.Conflicts = append(res.Conflicts, Conflict{Space: c.space, Path: c.shown(), Reason: reason})
 			if c.up.T == "d" {
@@ -954,6 +973,71 @@ func (l *Layer) notOwners(sp *layerSpace, c staged) string {
 		return reason
 	}
 	return ""
+}
+
+// ownerMayNot says why the session's owner could not make c's change in
+// the backing tree now ("" when it could). A commit writes as the daemon,
+// and what the owner's permission allowed when it staged the change may
+// have been taken away since (its directory made read-only). The change
+// is made in place when the owner keeps the entry's owner: its own file or
+// directory, or the content of a file it may write; else in the nearest
+// directory of the backing tree above it, which the owner must be able to
+// write and search (and, sticky, own it or what is replaced). Only the
+// owner's uid and primary gid count: what a supplementary group or an ACL
+// entry alone allows is a conflict.
+func (l *Layer) ownerMayNot(sp *layerSpace, c staged) string {
+	o := l.opts.As
+	if o == nil || o.UID == 0 {
+		return ""
+	}
+	cur, err := lowerState(sp.lowerFD, c.path)
+	if err != nil {
+		return "cannot be read in the backing tree: " + err.Error()
+	}
+	if cur.T != "n" && cur.T == c.up.T && cur.UID == c.up.UID && cur.GID == c.up.GID {
+		if cur.UID == o.UID && (cur.T == "f" || cur.T == "d") {
+			return "" // its own: the owner may chmod and write it
+		}
+		if cur.T == "f" && cur.Mode == c.up.Mode && l.ownerMayAccess(sp.lowerFD, c.path, unix.W_OK) {
+			return "" // content the owner may write
+		}
+	}
+	if cur.T == "d" && c.up.T == "d" {
+		return "the session's owner does not own " + c.path + " in the backing tree now: its mode is not changed, even with force"
+	}
+	dir := parentOf(c.path)
+	var parent state
+	for {
+		if parent, err = lowerState(sp.lowerFD, dir); err != nil {
+			return "cannot be read in the backing tree: " + err.Error()
+		}
+		if parent.T == "d" || dir == "/" {
+			break
+		}
+		dir = parentOf(dir)
+	}
+	if parent.T != "d" || !l.ownerMayAccess(sp.lowerFD, dir, unix.W_OK|unix.X_OK) {
+		return "the session's owner may not write in " + dir + " in the backing tree now: not committed, even with force"
+	}
+	if cur.T != "n" && parent.Mode&unix.S_ISVTX != 0 && cur.UID != o.UID && parent.UID != o.UID {
+		return "the session's owner may not replace another uid's entry in the sticky " + dir + ": not committed, even with force"
+	}
+	return ""
+}
+
+// ownerMayAccess: the kernel grants the owner's uid and primary gid mode
+// on p beneath root.
+func (l *Layer) ownerMayAccess(root int, p string, mode uint32) bool {
+	fd, err := safepath.Beneath(root, p, unix.O_PATH, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	ok := false
+	ran := runAs(l.opts.As, func() {
+		ok = unix.Faccessat2(fd, "", mode, unix.AT_EACCESS|unix.AT_EMPTY_PATH) == nil
+	})
+	return ran && ok
 }
 
 func parentOf(p string) string {

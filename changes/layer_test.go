@@ -385,3 +385,40 @@ func TestLayerCommitNeverRemovesAcrossAMount(t *testing.T) {
 		t.Fatalf("a removal emptied a mounted filesystem: %q %v", b, err)
 	}
 }
+
+// TestLayerCommitOnlyWhatTheOwnerMayStillDo: a commit writes as the
+// daemon, so a change the owner could make when it staged it but not now
+// (its directory made read-only since) is a conflict, even with force;
+// its own file it may still change in place.
+func TestLayerCommitOnlyWhatTheOwnerMayStillDo(t *testing.T) {
+	backing, state := layerFixture(t)
+	must(t, os.Chmod(backing+"/src", 0o777))
+	must(t, os.Chown(backing+"/src/a.txt", 65534, 65534))
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true,
+		Owner: 65534, As: &Owner{UID: 65534, GID: 65534}})
+	must(t, err)
+	defer l.Remove()
+	change(t, l, "/src/new.txt", func(p string) error {
+		if err := os.WriteFile(p, []byte("staged"), 0o644); err != nil {
+			return err
+		}
+		return os.Chown(p, 65534, 65534)
+	})
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("own, changed"), 0o644) })
+	must(t, os.Chmod(backing+"/src", 0o755)) // root's, read-only to others now
+	for i, force := range []bool{false, true} {
+		res, err := l.Commit(nil, force)
+		if err != nil || res.Committed != 1-i || len(res.Conflicts) != 1 || res.Conflicts[0].Path != "/src/new.txt" {
+			t.Fatalf("force %v: commit into a directory the owner may no longer write: %+v %v", force, res, err)
+		}
+	}
+	if _, err := os.Lstat(backing + "/src/new.txt"); err == nil {
+		t.Fatal("a file was made where its owner may not write")
+	}
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "own, changed" {
+		t.Fatalf("the owner's own file: %q", b)
+	}
+	if fi, err := os.Stat(backing + "/src"); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("the directory's mode set since (the layer's copy has the mode it had): %v %v", fi, err)
+	}
+}

@@ -69,6 +69,7 @@ func (d *Daemon) openLayer(s *session, restored bool) *control.Error {
 	id := s.id
 	l, err := changes.OpenLayer(changes.LayerOptions{
 		Dir: d.changesDir(s), Roots: roots, Fresh: !restored, MaxBytes: cfg.MaxBytes(), Shared: d.heldBy(s.owner), Owner: s.owner,
+		As: ownerOf(s.owner),
 		OnLimit: func(space, path string) {
 			d.metrics.Change("enospc", 1)
 			d.audit.Info("changes", "kind", "changes", "session", id, "op", "enospc", "space", space, "path", clip(path),

@@ -146,6 +146,10 @@ type Gateway struct {
 	// secret name (SetSecrets).
 	placeholders atomic.Pointer[map[string]string]
 	lastSecrets  map[string]string // the current command's, guarded by mu
+	// reached is, per inspected target, the generation and context of
+	// the last request to it that was allowed (predial).
+	reachedMu sync.Mutex
+	reached   map[target]reachedAt
 
 	closeOnce sync.Once
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -43,6 +44,9 @@ type upstreamConn struct {
 	br  *bufio.Reader
 	gen uint64 // the gateway's generation when decided and dialled
 	ctx string // the context it was decided in (Verdict.Context)
+	// pending: dialled ahead of a request (predial), not yet the flow's.
+	pending bool
+	addr    netip.Addr
 }
 
 // defaultPort is proto's port when a Host header names none.
@@ -57,17 +61,23 @@ func defaultPort(proto string) int {
 // (a captured connection, whose Host must name it), or, when fixed is nil,
 // to the host of each absolute-form request (the proxy). It returns when
 // the connection should end.
-func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) { f.serveRequests(br, fixed, "http") }
+func (f *flow) serveHTTP(br *bufio.Reader, fixed *target) { f.serveRequests(br, fixed, "http", nil) }
 
 // serveRequests serves the requests of a connection speaking HTTP/1.x as
 // proto: "http", or "https" on a connection the gateway terminated
 // (inspect.go), whose requests it sends over TLS it verifies. Both are
 // decided, refused and written again the same way (exchange), as are
 // HTTP/2's (inspect_h2.go).
-func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
+//
+// pre, when not nil, gives an upstream connection dialled ahead (predial)
+// for the first request.
+func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string, pre <-chan *upstreamConn) {
 	var up *upstreamConn
 	defer func() {
-		if up != nil {
+		dropPredial(&pre)
+		if up != nil && up.pending {
+			up.raw.Close()
+		} else if up != nil {
 			f.dropUpstream(up.raw)
 		}
 	}()
@@ -91,6 +101,9 @@ func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string) {
 		if err != nil {
 			f.status(http.StatusBadRequest, "the request cannot be read: "+err.Error())
 			return
+		}
+		if up == nil {
+			up = takePredial(&pre)
 		}
 		if !f.exchange(req, hosts, fixed, proto, &up, a) {
 			return
@@ -152,6 +165,25 @@ func (f *flow) exchange(req *http.Request, hosts []string, fixed *target, proto 
 		f.g.audit(Event{Request: r, Verdict: v, Refused: leak})
 		a.status(http.StatusForbidden, refusal(r, v, leak))
 		return false
+	}
+	if proto == "https" {
+		f.g.reach(t, gen, v.Context)
+	}
+	if u := *up; u != nil && u.pending {
+		// Dialled ahead (predial): used when this request was decided in
+		// the generation and context it was dialled for.
+		*up = nil
+		if u.t == t && u.gen == gen && u.ctx == v.Context {
+			f.g.audit(Event{Request: r, Verdict: v, Addr: u.addr, Secrets: sec.names})
+			if !f.g.adopt(f, r, v, u.raw, u.addr) {
+				a.status(http.StatusForbidden, refusal(r, v, "reach_private no longer lists "+u.addr.String()))
+				return false
+			}
+			u.pending = false
+			*up = u
+			return f.forward(req, r, t, u, sec, a)
+		}
+		u.raw.Close()
 	}
 	if u := *up; u == nil || u.t != t || u.gen != gen || u.ctx != v.Context {
 		if u != nil {

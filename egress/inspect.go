@@ -103,6 +103,7 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	}
 	a := f.g.cfg.Inspect.Authority
 	var sni string
+	var pre <-chan *upstreamConn
 	conf := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// HTTP/2 first, as servers prefer it; both are decided per
@@ -115,6 +116,10 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 			if sni == "" || canonicalHost(sni) != host {
 				return nil, errors.New("the client hello names another host")
 			}
+			if pre == nil {
+				// The server's handshake beside the run's (predial.go).
+				pre = f.predial(target{host: host, port: port})
+			}
 			return f.g.leaf(h.Context(), a, host)
 		},
 	}
@@ -123,6 +128,7 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
+		dropPredial(&pre)
 		if sni != "" && canonicalHost(sni) != host {
 			refuse("the client hello names " + strconv.Quote(sni) + ", not " + strconv.Quote(host))
 		} else {
@@ -133,6 +139,7 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	f.mu.Lock()
 	if f.cutDone {
 		f.mu.Unlock()
+		dropPredial(&pre)
 		return
 	}
 	// The run's end is now the terminated connection; abort still resets
@@ -141,10 +148,10 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	f.client = term
 	f.mu.Unlock()
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
-		f.serveH2(term, target{host: host, port: port})
+		f.serveH2(term, target{host: host, port: port}, pre)
 		return
 	}
-	f.serveRequests(bufio.NewReaderSize(f.client, 32<<10), &target{host: host, port: port}, "https")
+	f.serveRequests(bufio.NewReaderSize(f.client, 32<<10), &target{host: host, port: port}, "https", pre)
 }
 
 // leaf is host's leaf for a handshake of the run: one the CA does not

@@ -76,9 +76,9 @@ var h2Base = &http.Server{MaxHeaderBytes: h2HeaderBytes, ErrorLog: log.New(io.Di
 
 // serveH2 serves the run's HTTP/2 connection c, terminated, to fixed. It
 // returns when the connection has ended and its streams are served.
-func (f *flow) serveH2(c terminated, fixed target) {
+func (f *flow) serveH2(c terminated, fixed target, pre <-chan *upstreamConn) {
 	w := &h2Watch{terminated: c, pre: len(http2.ClientPreface)}
-	pool := &h2Pool{f: f}
+	pool := &h2Pool{f: f, pre: pre}
 	var streams sync.WaitGroup
 	h := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		streams.Add(1)
@@ -114,12 +114,14 @@ func (f *flow) h2Request(rw http.ResponseWriter, req *http.Request, fixed target
 	}
 	up := pool.get()
 	keep := f.exchange(req, hosts, &fixed, "https", &up, a)
-	if up != nil {
-		if keep && !a.broken {
-			pool.put(up)
-		} else {
-			f.dropUpstream(up.raw)
-		}
+	switch {
+	case up == nil:
+	case up.pending:
+		up.raw.Close() // dialled ahead and not used
+	case keep && !a.broken:
+		pool.put(up)
+	default:
+		f.dropUpstream(up.raw)
 	}
 	if a.broken {
 		// The answer could not be relayed whole: the stream is reset,
@@ -199,20 +201,24 @@ type h2Pool struct {
 	f      *flow
 	mu     sync.Mutex
 	idle   []*upstreamConn
+	pre    <-chan *upstreamConn // dialled ahead, for the first stream that takes it
 	closed bool
 }
 
-// get is an idle upstream, or nil; exchange dials again when it was
-// dialled for another context.
+// get is an idle upstream, or the one dialled ahead, or nil; exchange
+// dials again when it was dialled for another context.
 func (p *h2Pool) get() *upstreamConn {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if n := len(p.idle); n > 0 {
 		u := p.idle[n-1]
 		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
 		return u
 	}
-	return nil
+	pre := p.pre
+	p.pre = nil
+	p.mu.Unlock()
+	return takePredial(&pre)
 }
 
 func (p *h2Pool) put(u *upstreamConn) {
@@ -229,9 +235,10 @@ func (p *h2Pool) put(u *upstreamConn) {
 
 func (p *h2Pool) close() {
 	p.mu.Lock()
-	idle := p.idle
-	p.idle, p.closed = nil, true
+	idle, pre := p.idle, p.pre
+	p.idle, p.pre, p.closed = nil, nil, true
 	p.mu.Unlock()
+	dropPredial(&pre)
 	for _, u := range idle {
 		p.f.dropUpstream(u.raw)
 	}

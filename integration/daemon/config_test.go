@@ -13,9 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestHostileConfigRefused: a few MB of nested "[" in conditions.toml overflowed the stack
-// on reload, a 600-byte YAML alias bomb exhausted memory, a FIFO at a config
-// path hung status, and an empty file on reload dropped every rule.
+// TestHostileConfigRefused: a few MB of nested "[" in conditions.toml, a
+// 600-byte YAML alias bomb, a FIFO at a config path and an empty file on
+// reload are each refused with an error, the last good config kept: none
+// overflows the stack, exhausts memory, hangs status or drops every rule.
 func TestHostileConfigRefused(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	h.Write("memories/private/p.md", "p")

@@ -14,9 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestAdmittedUidCannotUseDaemonMount: a uid admitted with --allow-uid used the daemon's mount(2):
-// over root-owned directories, creating directories anywhere, unmounting
-// what a swapped symlink named, and switching or closing others' sessions.
+// TestAdmittedUidCannotUseDaemonMount: a uid admitted with --allow-uid
+// cannot use the daemon's mount(2): no view over root-owned directories,
+// no directory made anywhere, no unmount of what a swapped symlink names,
+// and no switch or close of others' sessions.
 func TestAdmittedUidCannotUseDaemonMount(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	mountRoot := h.Path("views")
@@ -69,8 +70,9 @@ func TestAdmittedUidCannotUseDaemonMount(t *testing.T) {
 	}
 }
 
-// TestHungMountpointHoldsNoLock: a session.open whose mountpoint hangs held the daemon's lock:
-// every other session's context.set and status hung with it.
+// TestHungMountpointHoldsNoLock: a session.open whose mountpoint hangs
+// holds no lock of the daemon's: every other session's context.set and
+// status are answered meanwhile.
 func TestHungMountpointHoldsNoLock(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	h.Write("memories/private/p.md", "p")
@@ -133,13 +135,12 @@ func TestHungMountpointHoldsNoLock(t *testing.T) {
 }
 
 // TestDecideRequestMemoryBounded: a tool.decide request of 1 MiB whose arguments
-// are arrays of 10,000 zeros (each within the spec's bounds) was decoded
-// into 70 MB of values, and the control socket's strict check built
-// another tree of 40 times the line: one uid's 120 connections sending
-// them at once would take the daemon from 15 MB to 6.6 GB, a
-// load that would end every session with the daemon. A request's values
-// are now bounded (65,536), the check keeps no tree, and large requests
-// are decoded a few at a time.
+// are arrays of 10,000 zeros (each within the spec's bounds) would be
+// decoded into 70 MB of values, and a strict check that built a tree would
+// hold another 40 times the line: one uid's 120 connections sending them at
+// once would take the daemon from 15 MB to 6.6 GB, a load that would end
+// every session with the daemon. A request's values are bounded (65,536),
+// the check keeps no tree, and large requests are decoded a few at a time.
 func TestDecideRequestMemoryBounded(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	d := testenv.Start(t, h, "--allow-uid", "65534", "--socket-mode", "0666")

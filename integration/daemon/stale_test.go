@@ -59,11 +59,12 @@ func deadMounted(dir string) bool {
 	return false
 }
 
-// TestStaleMountClearedOnlyAfterConfinement: a refused session.open still unmounted, as root, the dead FUSE
-// mount the peer named, in a directory it cannot even enter: the stale
-// mount was cleared before the mountpoint was confined, by a path resolved
-// twice and through symlinks, so a symlink swapped in between could aim the
-// unmount at a live mount.
+// TestStaleMountClearedOnlyAfterConfinement: a refused session.open
+// unmounts nothing: a stale mount is cleared only after the mountpoint is
+// confined to what the peer may mount on, by one resolution without
+// symlinks, so no peer has the daemon unmount, as root, a dead FUSE mount
+// in a directory it cannot enter, nor aim the unmount at a live mount by a
+// symlink swapped in between.
 func TestStaleMountClearedOnlyAfterConfinement(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	d := testenv.Start(t, h, "--allow-uid", "65534", "--socket-mode", "0666")

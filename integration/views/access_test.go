@@ -15,8 +15,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestCreateOverHiddenHardLinkRefused: O_CREAT without O_EXCL on the hidden second name of a root-only
-// file opened it as root, returned its bytes and chowned it to the caller.
+// TestCreateOverHiddenHardLinkRefused: O_CREAT without O_EXCL on the
+// hidden second name of a root-only file must not open it as root, return
+// its bytes or chown it to the caller: a hidden name is absent for every
+// operation, and the backing file is opened as the caller.
 func TestCreateOverHiddenHardLinkRefused(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	secret := h.Write("memories/private/key", "SECRET")
@@ -38,7 +40,9 @@ func TestCreateOverHiddenHardLinkRefused(t *testing.T) {
 	}
 }
 
-// TestIoctlNeverRunsWithDaemonCapabilities: ioctl ran on the backing fd with the daemon's capabilities.
+// TestIoctlNeverRunsWithDaemonCapabilities: an ioctl through a view would
+// run on the backing descriptor with the daemon's capabilities; the view
+// answers ENOTTY.
 func TestIoctlNeverRunsWithDaemonCapabilities(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	f := h.Write("workspace/f.txt", "x")
@@ -50,8 +54,10 @@ func TestIoctlNeverRunsWithDaemonCapabilities(t *testing.T) {
 	}
 }
 
-// TestCachedNameNeverReopensAnotherFile: with two views on one tree, a root-only file renamed onto a name
-// the first view had cached was read and chmodded through it.
+// TestCachedNameNeverReopensAnotherFile: with two views on one tree, a
+// root-only file renamed onto a name the first view has cached is not read
+// or chmodded through it: a node opens the inode it was decided for, or
+// nothing.
 func TestCachedNameNeverReopensAnotherFile(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	pub := h.Write("workspace/a.md", "public")
@@ -80,8 +86,8 @@ func TestCachedNameNeverReopensAnotherFile(t *testing.T) {
 	}
 }
 
-// TestDirectoryHandleListsByCurrentContext: a directory fd opened before a switch listed names the new
-// context denies.
+// TestDirectoryHandleListsByCurrentContext: a directory descriptor opened
+// before a switch lists only what the new context shows.
 func TestDirectoryHandleListsByCurrentContext(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	h.Write("memories/private/p.md", "p")
@@ -134,9 +140,9 @@ func TestMappedRuledFileStopsAtSwitch(t *testing.T) {
 	}
 }
 
-// TestClosedAncestorClosesTheView: the daemon opened backing files as root, so a 0700
-// directory above the backing root, which keeps uid 65534 out natively, did
-// not keep it out of the view.
+// TestClosedAncestorClosesTheView: a 0700 directory above the backing
+// root, which keeps uid 65534 out natively, keeps it out of the view too:
+// the daemon opens backing files as the caller, not as root.
 func TestClosedAncestorClosesTheView(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	f := h.Write("workspace/f.txt", "behind a closed door")
@@ -252,11 +258,12 @@ func TestSharedConnectionOutOfReach(t *testing.T) {
 	}
 }
 
-// TestUnadmittedUidReachesNothingCached: a uid the session does not admit reached what the kernel had
-// cached. Admission was checked by the daemon only, and a path walk, a stat
-// or a listing the kernel answers from its cache never reaches the daemon:
-// once the owner had looked, uid 65534 could stat the owner's files through
-// the owner's view (and, with listings cached, list its directories).
+// TestUnadmittedUidReachesNothingCached: a uid the session does not admit
+// reaches nothing the kernel has cached. A path walk, a stat or a listing
+// the kernel answers from its cache never reaches the daemon, so admission
+// checked by the daemon alone would let uid 65534 stat (and, with listings
+// cached, list) the owner's files once the owner had looked; the kernel
+// checks admission too.
 func TestUnadmittedUidReachesNothingCached(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	h.Write("memories/notes/a.md", "a")
@@ -307,14 +314,12 @@ func TestUnadmittedUidReachesNothingCached(t *testing.T) {
 	}
 }
 
-// TestModeZeroStaysShut: a mode with no permission bits reached the kernel as 0755 (a
-// directory; 0644 a file): go-fuse fills in a zero mode unless told not to
-// (NullPermissions), and the kernel decides by what it is told
+// TestModeZeroStaysShut: a mode with no permission bits reaches the kernel
+// as 0 (go-fuse would fill in 0755 for a directory, 0644 for a file, unless
+// told not to: NullPermissions), and the kernel decides by what it is told
 // (default_permissions). After a chmod 000, made through the view or in the
-// backing tree, every admitted uid went on opening the directory, reading
-// the listing the kernel kept and walking through it to cached entries,
-// all of which native refuses, until the watcher's drop sent the next
-// request to the daemon.
+// backing tree, no admitted uid opens the directory, reads the listing the
+// kernel kept or walks through it to cached entries, as natively.
 func TestModeZeroStaysShut(t *testing.T) {
 	h := testenv.OpenHome(t, "")
 	for _, d := range []string{"view", "backing"} {

@@ -309,6 +309,12 @@ func (h *fileHandle) Allocate(ctx context.Context, off, size uint64, mode uint32
 	if !h.decide(true) {
 		return syscall.EACCES
 	}
+	if b := h.node.backing(); b != nil && b.merged {
+		// One call would reserve any number of blocks in the state
+		// directory, with KEEP_SIZE counted by no file's size: a staged
+		// layer holds only what is written (posix_fallocate then writes).
+		return syscall.EOPNOTSUPP
+	}
 	rec, p, errno := h.writing()
 	if errno != 0 {
 		return errno

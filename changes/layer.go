@@ -693,7 +693,12 @@ func (l *Layer) contentOf(ch *Change, c staged) {
 		if st.Size > maxDiff {
 			return nil, false
 		}
-		fd, err := safepath.Beneath(root, c.path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		// As the session's owner (As): a backing file the session removed
+		// but its owner may not read is listed, its content not shown.
+		fd, err := -1, error(unix.EACCES)
+		runAs(l.opts.As, func() {
+			fd, err = safepath.Beneath(root, c.path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		})
 		if err != nil {
 			return nil, false
 		}

@@ -460,3 +460,18 @@ func TestStagedMaxBytesCountsWhatTheCallerCannotSearch(t *testing.T) {
 		t.Fatalf("a change beyond max_bytes, the bytes in a 000 directory: %s", out)
 	}
 }
+
+// TestStagedDiffNeverShowsWhatTheOwnerCannotRead: uid 65534 removes a
+// root-only file it may remove but not read; the staged diff lists the
+// removal and never shows the file's content.
+func TestStagedDiffNeverShowsWhatTheOwnerCannotRead(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, func(h *testenv.Home) {
+		h.Write("workspace/root-only.txt", "ROOT SECRET\n")
+		os.Chmod(h.Path("workspace/root-only.txt"), 0o600)
+	})
+	testenv.ShAsNobody(t, mnt+"/workspace", `rm -f root-only.txt`)
+	out := testenv.AsNobody(t, "condfs", "ctl", "--socket", d.Socket, "diff", "s", "--content")
+	if !strings.Contains(out, "D workspace/root-only.txt") || strings.Contains(out, "SECRET") {
+		t.Fatalf("the staged diff of a root-only file removed:\n%s", out)
+	}
+}

@@ -826,7 +826,10 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 			}
 			continue
 		}
-		if err := commitOne(sp, c); err != nil {
+		if err := commitOne(sp, c); errors.Is(err, errWritten) {
+			res.Conflicts = append(res.Conflicts, Conflict{Space: c.space, Path: c.shown(), Reason: "written in the session while it was committed: commit it again"})
+			continue
+		} else if err != nil {
 			return res, fmt.Errorf("staged: commit %s%s: %w", c.space, c.path, err)
 		}
 		cur, err := lowerState(sp.lowerFD, c.path)

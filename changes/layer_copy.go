@@ -3,6 +3,7 @@ package changes
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,9 @@ func removeBeneath(root int, p string) error {
 	defer unix.Close(pfd)
 	return removeTreeAt(pfd, name)
 }
+
+// errWritten: a file of the layer changed while a commit copied it.
+var errWritten = errors.New("written while it was committed")
 
 // removeTreeAt removes name in the directory pfd, a directory with all
 // below it, never across a mount: a filesystem mounted on a directory of
@@ -282,6 +286,15 @@ func copyFile(src int, p string, pfd int, tmp string) error {
 	defer unix.Close(out)
 	if err := copyFD(out, in); err != nil {
 		return err
+	}
+	// A file written while it was copied would be committed torn: it is
+	// left for a commit run again.
+	var after unix.Stat_t
+	if err := unix.Fstat(in, &after); err != nil {
+		return err
+	}
+	if after.Size != st.Size || after.Mtim != st.Mtim || after.Ctim != st.Ctim {
+		return errWritten
 	}
 	if err := unix.Fchown(out, int(want.UID), int(want.GID)); err != nil {
 		return err

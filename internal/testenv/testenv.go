@@ -12,29 +12,27 @@
 package testenv
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 )
 
 var (
-	buildDir                  string // made by Main's package on first use; removed by Main
+	buildDir                  string // where build puts the binaries
 	binDir                    string // where condfs and condfsd are
 	dirOnce, binOnce, atkOnce sync.Once
 	dirErr, binErr, atkErr    error
 )
 
-// Main runs a test package's tests (call it from TestMain) and removes
-// the binaries they built.
+// Main runs a test package's tests (call it from TestMain).
 func Main(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // UseBinaries makes Condfs the condfs (and condfsd beside it) a package
@@ -45,16 +43,13 @@ func UseBinaries(dir string) {
 	binOnce.Do(func() { binDir = dir })
 }
 
-// build runs go build args into the package's build directory, made on
-// first use: a package whose selected tests need no binary builds none.
+// build runs go build args into the build directory, on first use: a
+// package whose selected tests need no binary builds none. The directory
+// is one per checkout and user, kept between test processes: go build
+// links again only what changed (it leaves an up-to-date output alone),
+// so the integration packages and make test's passes link condfs once.
 func build(args ...string) error {
-	dirOnce.Do(func() {
-		buildDir, dirErr = os.MkdirTemp("", "condfs-it")
-		// Unprivileged callers run the binaries.
-		if dirErr == nil {
-			dirErr = os.Chmod(buildDir, 0o755)
-		}
-	})
+	dirOnce.Do(func() { buildDir, dirErr = binCache() })
 	if dirErr != nil {
 		return dirErr
 	}
@@ -63,6 +58,32 @@ func build(args ...string) error {
 		return fmt.Errorf("go %v: %v\n%s", args, err, out)
 	}
 	return nil
+}
+
+// binCache is the build directory: in the temporary directory, named for
+// the module's root and the user, and the user's own (a directory of that
+// name someone else made is not used).
+func binCache() (string, error) {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s %d", bytes.TrimSpace(gomod), os.Geteuid())))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("condfs-testbin-%x", sum[:8]))
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return "", err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(dir, &st); err != nil {
+		return "", err
+	}
+	if st.Uid != uint32(os.Geteuid()) || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		if dir, err = os.MkdirTemp("", "condfs-testbin"); err != nil {
+			return "", err
+		}
+	}
+	// Unprivileged callers run the binaries.
+	return dir, os.Chmod(dir, 0o755)
 }
 
 // must ends the test process when a binary cannot be built: every test

@@ -125,3 +125,39 @@ func TestWatcherShare(t *testing.T) {
 		t.Error("removeOwner left a watch")
 	}
 }
+
+// TestSyncReturnsAfterQueuedEventsAreTold: sync returns only once every
+// change made before it was called has been told to the watched
+// directories (a rollback's own changes are then reported by no later
+// flush); with nothing queued it returns at once, and on a closed watcher
+// it does not wait.
+func TestSyncReturnsAfterQueuedEventsAreTold(t *testing.T) {
+	h, err := NewHost(HostOptions{CacheTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := h.watcher
+	dir := t.TempDir()
+	o := &fakeOwner{}
+	d := &fakeDir{o: o}
+	w.add(d, dir)
+	if !w.sync(liveness) {
+		t.Fatal("sync with nothing queued timed out")
+	}
+	for i, name := range []string{"a", "b", "c"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte{byte(i)}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if !w.sync(liveness) {
+			t.Fatalf("sync after %s timed out", name)
+		}
+		if !d.told(name, unix.IN_CREATE) {
+			t.Fatalf("sync returned before %s's creation was told", name)
+		}
+	}
+	w.removeOwner(o)
+	h.Close()
+	if !w.sync(time.Nanosecond) {
+		t.Error("sync on a closed watcher waited")
+	}
+}

@@ -13,7 +13,7 @@ import (
 
 // TestEgressSwitchCutsKeptSandboxConnections: a context switch decides again the connections
 // of the session's runs (s.runs), but a sandbox kept for the session's
-// next run (daemon/warm.go) has left s.runs while its gateway still serves
+// next run (runs/warm.go) has left s.runs while its gateway still serves
 // the connections its last command opened: what that command wrote before
 // it ended (the capture's buffers and its own socket's) still flows
 // upstream after a switch that denies the host, and the switch does not cut

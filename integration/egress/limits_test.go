@@ -193,7 +193,7 @@ print("tried", n + 1)
 // gateway held about 1.6 MB for each (gVisor's default windows): 400 MB
 // for one run, which no run's memory limit counts; each is now bounded by
 // the stack's buffer ranges (egress/gateway.go), the node's total by its
-// connection bound (daemon/egress.go).
+// connection bound (runs/egress.go).
 func TestEgressMemoryBoundedPerRun(t *testing.T) {
 	n := newEgressNet(t)
 	n.serve(t)

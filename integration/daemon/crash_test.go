@@ -12,10 +12,10 @@ import (
 // TestCrashKeepsRevocation: uid 65534 reads a ruled file in its DM
 // session and keeps the descriptor; the daemon is killed (-9) and restarts,
 // restoring the session; the session moves to a guild. The descriptor must
-// not read the DM's file any more. Before, its pages stayed cached with
-// attributes cached as long as the watcher allowed, so it kept reading them
-// from the kernel after the restart: the new daemon, on a new connection,
-// could not cut it off. The same for a directory listed before the crash.
+// not read the DM's file any more: pages and attributes the kernel keeps
+// as long as the watcher allows would let it read on after the restart,
+// where the new daemon, on a new connection, cannot cut it off. The same
+// for a directory listed before the crash.
 func TestCrashKeepsRevocation(t *testing.T) {
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	h.Write("memories/private/p.md", "dm secret")

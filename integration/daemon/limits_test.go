@@ -55,7 +55,7 @@ func TestSessionDescriptors(t *testing.T) {
 // TestOneUidCannotTakeEverySession: session.open was bounded by --max-sessions
 // alone, and any admitted uid may open sessions of its own: uid 65534
 // opened all of them, and every other user's session.open was refused
-// (-32013) until it closed some. Now each uid other than root and the
+// (-32013) until it closed some. Each uid other than root and the
 // daemon's may have opened at most --max-sessions-per-uid (default an
 // eighth), and the last eighth is kept for root and the daemon's uid.
 func TestOneUidCannotTakeEverySession(t *testing.T) {

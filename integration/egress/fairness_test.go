@@ -15,7 +15,7 @@ import (
 // TestEgressNodePoolFairAmongSessions: four sessions, each at its own bound of 256
 // idle connections, held all 1024 of the node's, and every other
 // session's run could open none (a reset at once): four callers' load was
-// every session's outage. The node's pool is now shared fairly: a session
+// every session's outage. The node's pool is shared fairly: a session
 // holding fewer takes the oldest connection of the session holding the
 // most, which is cut and audited.
 func TestEgressNodePoolFairAmongSessions(t *testing.T) {

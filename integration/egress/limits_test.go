@@ -191,7 +191,7 @@ print("tried", n + 1)
 // TestEgressMemoryBoundedPerRun: what one run can make the daemon hold: its
 // connection limit's worth of tunnels whose peers do not read. The first
 // gateway held about 1.6 MB for each (gVisor's default windows): 400 MB
-// for one run, which no run's memory limit counts; each is now bounded by
+// for one run, which no run's memory limit counts; each is bounded by
 // the stack's buffer ranges (egress/gateway.go), the node's total by its
 // connection bound (runs/egress.go).
 func TestEgressMemoryBoundedPerRun(t *testing.T) {

@@ -102,7 +102,7 @@ print(readall(s))
 // network out of reach_private while the gateway is dialling it: Recheck
 // saw no dialled address yet and left the connection, which then carried
 // data to an address reach_private no longer listed. The dialled upstream
-// is now adopted under the lock Recheck excludes, its address checked
+// is adopted under the lock Recheck excludes, its address checked
 // again. The dial is held up by a full accept queue (SYNs dropped until
 // the server accepts).
 func TestEgressReachDecidedOnTheDialledAddress(t *testing.T) {

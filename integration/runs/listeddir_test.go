@@ -13,9 +13,8 @@ import (
 )
 
 // TestRunListedDirectory: a directory of the host listed in binaries runs
-// as a whole where the exec rules allow every path beneath it, live.
-// Before, a listed directory was never allowed: git's helpers
-// (/usr/lib/git-core/, in the egress example) never ran.
+// as a whole where the exec rules allow every path beneath it, live, so
+// git's helpers (/usr/lib/git-core/, in the egress example) run.
 func TestRunListedDirectory(t *testing.T) {
 	const git, ld = "/usr/lib/git-core/git", "/lib64/ld-linux-x86-64.so.2"
 	d, _ := testenv.RunHomeWith(t, testenv.PrivateRule+`

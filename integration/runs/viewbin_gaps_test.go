@@ -177,7 +177,7 @@ print("done", flush=True)
 // bin/secret and let bin/ run only in guilds. No rules ever let secret run,
 // but between the swap and the runs' new allowlist a DM run's bind of bin/
 // would still be executable while the view already showed secret beneath
-// it. What the new rules take is now taken from the runs before the swap.
+// it. What the new rules take is taken from the runs before the swap.
 func TestViewBinaryNoWindowAtReload(t *testing.T) {
 	rulesB := strings.NewReplacer(
 		"[workspace.\"/bin/secret\"]\nwhen = \"discord:guild:1\"", "[workspace.\"/bin/secret\"]\nwhen = \"discord:dm\"",

@@ -44,9 +44,7 @@ func viewBinFiles(t *testing.T, h *testenv.Home, trueELF []byte) {
 // it, live in a running shell, and nothing else of the view runs, by
 // execve or through the ELF interpreter; what a run may execute of the
 // view it cannot write; a listed name that is a symlink in the view makes
-// nothing executable (bound through it, the whole workspace would be). Before, any [sandbox] listing a view path refused every run
-// ("view paths are not supported yet"), and a listed directory was never
-// allowed.
+// nothing executable (bound through it, the whole workspace would be).
 func TestRunViewBinaries(t *testing.T) {
 	d := viewBinHome(t)
 	const ld = "/lib64/ld-linux-x86-64.so.2"

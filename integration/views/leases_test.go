@@ -217,7 +217,7 @@ except Exception as e:
 	t.Logf("uid 1000 reads l0 through its view: %s (%v); attacker: %s", viaView, time.Since(start).Round(time.Millisecond), send("count"))
 	native := testenv.PythonAs(t, 1000, 30*time.Second, read, leased)
 	t.Logf("uid 1000 reads l0 natively: %s; attacker: %s", native, send("count"))
-	// Fixed: the view waits no longer than a lease break takes, then
+	// The view waits no longer than a lease break takes, then
 	// answers EAGAIN (a blocked open(2), which counts as an open of the
 	// file, would have kept the owner from its next lease).
 	if strings.Contains(viaView, "no answer") {

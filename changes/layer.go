@@ -1078,6 +1078,9 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if err := l.roomToPutBack(todo); err != nil {
+		return res, err
+	}
 	var done []string
 	for _, c := range todo {
 		if under1(done, c) {
@@ -1103,6 +1106,50 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	l.recount()
 	l.mu.Unlock()
 	return res, nil
+}
+
+// roomToPutBack refuses a discard that would take the layer beyond
+// MaxBytes: overlayfs cannot drop a whiteout, so a discard puts back what
+// the session removed by copying it from the backing tree into the layer
+// (a removed directory whole). Without this a session that removed a
+// large tree and discarded held it all, beyond max_bytes, and refused
+// every change of its owner's sessions after. session.close with discard
+// drops the layer without copying.
+func (l *Layer) roomToPutBack(todo []staged) error {
+	var need int64
+	for _, c := range todo {
+		sp := l.spaces[c.space]
+		low, err := lowerState(sp.lowerFD, c.path)
+		if err != nil {
+			return fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
+		}
+		switch {
+		case low.T == "f":
+			need += int64(low.Size)
+		case low.T == "d" && c.up.T != "d":
+			walkBacking(sp.lowerFD, c.path, func(_ string, cur state, err error) bool {
+				if err == nil && cur.T == "f" {
+					need += int64(cur.Size)
+				}
+				return true
+			})
+		}
+		if c.up.T == "f" {
+			need -= int64(c.up.Size) // goes, or is replaced
+		}
+	}
+	if need <= 0 {
+		return nil
+	}
+	held := l.used.Load()
+	if l.opts.Shared != nil && l.opts.Shared.Load() > held {
+		held = l.opts.Shared.Load()
+	}
+	if held+need > l.opts.MaxBytes {
+		return fmt.Errorf("staged: the discard would copy %d bytes back into the layer (it holds %d, max_bytes %d): discard fewer paths, or close the session with discard, which drops the layer: %w",
+			need, held, l.opts.MaxBytes, unix.ENOSPC)
+	}
+	return nil
 }
 
 func discardOne(sp *layerSpace, c staged, low state) error {

@@ -422,3 +422,39 @@ func TestLayerCommitOnlyWhatTheOwnerMayStillDo(t *testing.T) {
 		t.Fatalf("the directory's mode set since (the layer's copy has the mode it had): %v %v", fi, err)
 	}
 }
+
+// TestLayerDiscardNeverPutsBackBeyondMaxBytes: a discard puts back what
+// the session removed by copying it into the layer (overlayfs drops no
+// whiteout); one that would take the layer beyond max_bytes is refused
+// with nothing changed (the removal stays, closing the session with
+// discard drops it), and a small one is made.
+func TestLayerDiscardNeverPutsBackBeyondMaxBytes(t *testing.T) {
+	backing, state := layerFixture(t)
+	must(t, os.Mkdir(backing+"/big", 0o755))
+	for _, n := range []string{"a", "b", "c"} {
+		must(t, os.WriteFile(backing+"/big/"+n, make([]byte, 1<<20), 0o644))
+	}
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true, MaxBytes: 1 << 20})
+	must(t, err)
+	defer l.Remove()
+	for _, n := range []string{"/big/a", "/big/b", "/big/c", "/big", "/keep.txt"} {
+		change(t, l, n, os.Remove)
+	}
+	if _, err := l.Discard(nil); err == nil || !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("a discard copying 3 MiB back under max_bytes 1 MiB: %v", err)
+	}
+	if u := l.Use(); u.Bytes != 0 {
+		t.Fatalf("the layer after a refused discard: %+v", u)
+	}
+	if got := diffLines(t, l); strings.Join(got, ",") != "D workspace/big/,D workspace/keep.txt" {
+		t.Fatalf("changes after a refused discard: %v", got)
+	}
+	sel, err := l.ParseSelectors([]string{"workspace/keep.txt"})
+	must(t, err)
+	if res, err := l.Discard(sel); err != nil || res.Discarded != 1 {
+		t.Fatalf("a small discard: %+v %v", res, err)
+	}
+	if b, err := os.ReadFile(l.Merged("workspace") + "/keep.txt"); err != nil || string(b) != "keep\n" {
+		t.Fatalf("keep.txt after its discard: %q %v", b, err)
+	}
+}

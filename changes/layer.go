@@ -741,10 +741,6 @@ func (l *Layer) ParseSelectors(paths []string) ([]Selector, error) {
 	return out, nil
 }
 
-func (s Selector) holds(space, p string) bool {
-	return s.Space == space && (s.Path == "/" || p == s.Path || strings.HasPrefix(p, s.Path+"/"))
-}
-
 // selected lists the changes under sel (all without); a selector that
 // holds none is an error (ErrNotStaged).
 func (l *Layer) selected(sel []Selector) ([]staged, error) {
@@ -752,9 +748,15 @@ func (l *Layer) selected(sel []Selector) ([]staged, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A set, each change looked up by its path and those above it: a
+	// request may name 100,000 paths, and a layer hold as many changes.
+	set := make(map[Selector]bool, len(sel))
+	for _, s := range sel {
+		set[s] = true
+	}
 	var todo []staged
 	for _, c := range list {
-		if selects(sel, c) {
+		if len(sel) == 0 || selects(set, c) {
 			todo = append(todo, c)
 		}
 	}
@@ -764,16 +766,16 @@ func (l *Layer) selected(sel []Selector) ([]staged, error) {
 	return todo, nil
 }
 
-func selects(sel []Selector, c staged) bool {
-	if len(sel) == 0 {
-		return true
-	}
-	for _, s := range sel {
-		if s.holds(c.space, c.path) {
+// selects: a selector names c's path or one above it.
+func selects(set map[Selector]bool, c staged) bool {
+	for p := c.path; ; p = parentOf(p) {
+		if set[Selector{c.space, p}] {
 			return true
 		}
+		if p == "/" {
+			return false
+		}
 	}
-	return false
 }
 
 // CommitResult is what a commit did.

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -456,5 +457,35 @@ func TestLayerDiscardNeverPutsBackBeyondMaxBytes(t *testing.T) {
 	}
 	if b, err := os.ReadFile(l.Merged("workspace") + "/keep.txt"); err != nil || string(b) != "keep\n" {
 		t.Fatalf("keep.txt after its discard: %q %v", b, err)
+	}
+}
+
+// TestLayerSelectorsNameAPathAndWhatIsBelowIt: a selector takes its path
+// and what is below it, never a sibling sharing its prefix; many
+// selectors are looked up as a set (a request may name 100,000).
+func TestLayerSelectorsNameAPathAndWhatIsBelowIt(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/src/b.txt", func(p string) error { return os.WriteFile(p, []byte("b"), 0o644) })
+	change(t, l, "/srcx", func(p string) error { return os.WriteFile(p, []byte("x"), 0o644) })
+	change(t, l, "/new.txt", func(p string) error { return os.WriteFile(p, []byte("n"), 0o644) })
+	paths := []string{"workspace/src"}
+	for i := 0; i < 100000; i++ {
+		paths = append(paths, "workspace/none/"+strconv.Itoa(i))
+	}
+	sel, err := l.ParseSelectors(paths)
+	must(t, err)
+	res, err := l.Commit(sel, false)
+	if err != nil || res.Committed != 1 {
+		t.Fatalf("commit of workspace/src: %+v %v", res, err)
+	}
+	if got := diffLines(t, l); strings.Join(got, ",") != "A workspace/new.txt,A workspace/srcx" {
+		t.Fatalf("left after a commit of workspace/src: %v", got)
+	}
+	sel, err = l.ParseSelectors([]string{"/workspace"})
+	must(t, err)
+	if res, err := l.Discard(sel); err != nil || res.Discarded != 2 {
+		t.Fatalf("discard of the space: %+v %v", res, err)
 	}
 }

@@ -2,6 +2,7 @@ package changes
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/condfs/condfs/control"
@@ -31,4 +32,36 @@ func TestSessionIDsThatNameADirectoryAboveAreRefused(t *testing.T) {
 	if _, err := os.Stat(d.Socket); err != nil {
 		t.Fatalf("the control socket: %v", err)
 	}
+}
+
+// TestStagedSessionOfAnotherUidRefusesItsMethods: uid 65534 may not diff,
+// commit or discard root's staged session (-32011), whichever paths it
+// names; the session's change stays staged.
+func TestStagedSessionOfAnotherUidRefusesItsMethods(t *testing.T) {
+	d, _, _ := stagedHome(t, testenv.ChangesRules, nil)
+	rmnt := d.Home.Path("mnt/r")
+	d.Call("session.open", map[string]any{"id": "r", "mount": rmnt, "context": testenv.DM, "changes": "staged"}, nil)
+	if err := os.WriteFile(rmnt+"/workspace/root.txt", []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []string{
+		`changes.diff {"session":"r","content":true}`,
+		`changes.commit {"session":"r"}`,
+		`changes.commit {"session":"r","paths":["workspace/root.txt"],"force":true}`,
+		`changes.discard {"session":"r"}`,
+		`session.close {"id":"r","discard":true}`,
+	} {
+		method, params, _ := strings.Cut(call, " ")
+		out, _ := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "ctl", "--socket", d.Socket, "--json", "call", method, params).CombinedOutput()
+		if !strings.Contains(string(out), "another user") || strings.Contains(string(out), "root's") {
+			t.Errorf("uid 65534's %s on root's session: %s", call, out)
+		}
+	}
+	if got, _ := stagedDiff(d, "r"); strings.Join(got, ",") != "A workspace/root.txt" {
+		t.Fatalf("root's staged change after uid 65534's calls: %v", got)
+	}
+	if _, err := os.Stat(d.Home.Path("workspace/root.txt")); err == nil {
+		t.Fatal("root's staged change reached the backing tree")
+	}
+	d.Call("session.close", map[string]any{"id": "r", "discard": true}, nil)
 }

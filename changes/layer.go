@@ -809,6 +809,31 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 		return res, err
 	}
 	var skipped []string // conflicting directories: nothing below them goes
+	// A directory is committed open to its owner, and given its own mode
+	// once what is below it is in, deepest first: the session filled it
+	// before it made it read-only (natively the owner may write in it,
+	// then chmod it), and the commit's check of each change below would
+	// otherwise find a directory its owner may not write.
+	type dirMode struct {
+		sp   *layerSpace
+		c    staged
+		mode uint32
+	}
+	var dirModes []dirMode
+	defer func() {
+		for i := len(dirModes) - 1; i >= 0; i-- {
+			dm := dirModes[i]
+			if err := chmodBeneath(dm.sp.lowerFD, dm.c.path, dm.mode); err != nil {
+				res.Conflicts = append(res.Conflicts, Conflict{Space: dm.c.space, Path: dm.c.shown(), Reason: "its mode could not be set: " + err.Error()})
+				continue
+			}
+			if cur, err := lowerState(dm.sp.lowerFD, dm.c.path); err == nil {
+				l.mu.Lock()
+				l.noteBase(key{dm.c.space, dm.c.path}, cur)
+				l.mu.Unlock()
+			}
+		}
+	}()
 	for _, c := range todo {
 		if under1(skipped, c) {
 			continue
@@ -827,6 +852,10 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 				skipped = append(skipped, c.space+c.path)
 			}
 			continue
+		}
+		if c.up.T == "d" && c.up.Mode&0o700 != 0o700 {
+			dirModes = append(dirModes, dirMode{sp, c, c.up.Mode})
+			c.up.Mode |= 0o700
 		}
 		if err := commitOne(sp, c); errors.Is(err, errWritten) {
 			res.Conflicts = append(res.Conflicts, Conflict{Space: c.space, Path: c.shown(), Reason: "written in the session while it was committed: commit it again"})
@@ -1059,6 +1088,16 @@ func parentOf(p string) string {
 }
 
 // commitOne makes the backing tree hold what the layer has at c.path.
+// chmodBeneath sets the mode of the directory p beneath root.
+func chmodBeneath(root int, p string, mode uint32) error {
+	fd, err := safepath.Beneath(root, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fchmod(fd, mode)
+}
+
 func commitOne(sp *layerSpace, c staged) error {
 	if c.up.T == "w" {
 		return removeBeneath(sp.lowerFD, c.path)

@@ -78,11 +78,19 @@ type model struct {
 	// so that the operations a seed makes do not depend on whether it
 	// makes checkpoints.
 	changes bool
-	cprng   *rand.Rand
-	cps     []modelCheckpoint
+	// staged: the session is staged, and its view shows its layer merged
+	// over the backing tree at shown; changesStep commits and discards.
+	// Otherwise shown is the backing tree.
+	staged bool
+	shown  string
+	cprng  *rand.Rand
+	cps    []modelCheckpoint
 	// made and undone count checkpoints made and rollbacks; exact those
 	// whose result was predicted exactly.
 	made, undone, exact int
+	// external: the backing tree was changed other than through this
+	// session since its last commit or discard (staged).
+	external bool
 }
 
 // modelCheckpoint is a checkpoint the model made: the backing tree then,
@@ -138,13 +146,16 @@ func (m *model) visible(p string) bool {
 	return v
 }
 
-func (m *model) backing(p string) string { return m.h.Path("memories") + p }
+// backing is p in the tree the view shows (the backing tree, or a staged
+// session's merged directory); lower is p in the backing tree itself.
+func (m *model) backing(p string) string { return m.shown + p }
+func (m *model) lower(p string) string   { return m.h.Path("memories") + p }
 
 // nativeCan approximates the kernel's check for uid 65534 with gid 65534
 // and no groups: every directory from the backing root down searchable,
 // then the wanted bits on p itself (r=4, w=2, x=1).
 func (m *model) nativeCan(p string, want uint32) bool {
-	root := m.h.Path("memories")
+	root := m.shown
 	dirs := []string{root}
 	for cur := p; cur != "/" && cur != ""; cur = filepath.Dir(cur) {
 		dirs = append(dirs, root+filepath.Dir(cur))
@@ -334,6 +345,27 @@ func (m *model) act(i int) {
 			delete(m.handles, id)
 		}
 		desc = fmt.Sprintf("%s handle %s: %v", []string{"read", "write", "close"}[op-10], id, ok)
+	case 13, 14, 15:
+		if m.staged {
+			// overlayfs leaves a change in the backing tree under a
+			// mounted layer undefined (docs/changes.md): a staged case
+			// changes it only through the session.
+			return
+		}
+		m.external3(op, p, q, &desc)
+	}
+	if desc != "" {
+		m.log = append(m.log, fmt.Sprintf("%d: %s", i, desc))
+	}
+}
+
+// external3 changes the tree other than through the session: a rename
+// through the root view (13), a second name (14) or a removal (15) in the
+// backing tree, as root.
+func (m *model) external3(op int, p, q string, descp *string) {
+	var desc string
+	defer func() { *descp = desc }()
+	switch op {
 	case 13:
 		// Through the root view, in a DM: carry a file into or out of
 		// /private (another view's rename).
@@ -350,7 +382,7 @@ func (m *model) act(i int) {
 		desc = fmt.Sprintf("root view: rename %s %s: %v", p, dst, err == nil)
 	case 14:
 		// In the backing tree, as root: a second name for a file.
-		err := os.Link(m.backing(p), m.backing(q))
+		err := os.Link(m.lower(p), m.lower(q))
 		if err == nil {
 			m.externalChange()
 		}
@@ -358,7 +390,7 @@ func (m *model) act(i int) {
 		m.backingStep = err == nil
 		desc = fmt.Sprintf("backing: link %s %s: %v", p, q, err == nil)
 	case 15:
-		err := os.Remove(m.backing(q))
+		err := os.Remove(m.lower(q))
 		if err == nil {
 			m.externalChange()
 		}
@@ -366,12 +398,10 @@ func (m *model) act(i int) {
 		m.backingStep = err == nil
 		desc = fmt.Sprintf("backing: remove %s: %v", q, err == nil)
 	}
-	if desc != "" {
-		m.log = append(m.log, fmt.Sprintf("%d: %s", i, desc))
-	}
 }
 
 func (m *model) externalChange() {
+	m.external = true
 	for i := range m.cps {
 		m.cps[i].external = true
 	}
@@ -382,6 +412,9 @@ func (m *model) externalChange() {
 func (m *model) changesStep(i int) bool {
 	if !m.changes {
 		return false
+	}
+	if m.staged {
+		return m.stagedStep(i)
 	}
 	switch r := m.cprng.Intn(24); {
 	case r < 2:
@@ -436,6 +469,73 @@ func (m *model) changesStep(i int) bool {
 		return true
 	}
 	return false
+}
+
+// stagedStep commits or discards the staged session's changes now and
+// then: a discard leaves the view showing the backing tree exactly; a
+// commit, when nothing but the session changed the backing tree since the
+// last commit or discard, leaves the backing tree as the view showed it,
+// with no conflict.
+func (m *model) stagedStep(i int) bool {
+	var method string
+	switch r := m.cprng.Intn(24); {
+	case r < 2:
+		method = "changes.commit"
+	case r < 3:
+		method = "changes.discard"
+	default:
+		return false
+	}
+	shown := testenv.BackingTree(m.t, m.shown)
+	var res struct {
+		Committed, Discarded int
+		Conflicts            []struct{ Space, Path, Reason string }
+	}
+	m.d.Call(method, map[string]any{"session": "a"}, &res)
+	m.log = append(m.log, fmt.Sprintf("%d: %s (external changes since the last: %v): %d committed, %d discarded, %d conflicts",
+		i, method, m.external, res.Committed, res.Discarded, len(res.Conflicts)))
+	m.undone++
+	// Files move between the layer and the backing tree: what a held
+	// handle reads is judged again after the next switch, reload or
+	// rename, as after a change in the backing tree.
+	m.backingChanged = true
+	want, what := shown, "the backing tree after a commit is not what the view showed"
+	external := m.external
+	if method == "changes.discard" {
+		m.external = false
+	}
+	switch {
+	case external:
+		// overlayfs leaves a change in the backing tree under a mounted
+		// layer undefined (docs/changes.md): what the merged directory
+		// shows of a path changed there is not predicted.
+		return true
+	case method == "changes.discard":
+		want, what = testenv.BackingTree(m.t, m.h.Path("memories")), "the view after a discard does not show the backing tree"
+		shown = testenv.BackingTree(m.t, m.shown)
+	default:
+		if len(res.Conflicts) != 0 {
+			m.fail("commit with only the session's changes since: conflicts %+v", res.Conflicts)
+		}
+		shown = testenv.BackingTree(m.t, m.h.Path("memories"))
+	}
+	m.exact++
+	var diffs []string
+	for p, w := range want {
+		if g := shown[p]; g != w {
+			diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
+		}
+	}
+	for p, g := range shown {
+		if _, ok := want[p]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
+		}
+	}
+	if len(diffs) > 0 {
+		sort.Strings(diffs)
+		m.fail("%s:\n%s", what, strings.Join(diffs, "\n"))
+	}
+	return true
 }
 
 // via judges an operation on p: by p, or by a name a rename through the
@@ -503,7 +603,7 @@ func (m *model) listsHidden(p, names string) string {
 // check walks the backing tree and asks the view about everything in it.
 func (m *model) check() {
 	v := m.view + "/memories"
-	root := m.h.Path("memories")
+	root := m.shown
 	byIno := map[uint64]string{}
 	links := map[uint64]int{}
 	filepath.WalkDir(root, func(full string, de fs.DirEntry, err error) error {
@@ -570,6 +670,7 @@ type modelCase struct {
 	seed    int64
 	steps   int
 	changes bool
+	staged  bool // the session is staged: it commits and discards
 }
 
 // modelCases are the fixed cases: seeds 1–3, and every seed that once found
@@ -580,13 +681,14 @@ type modelCase struct {
 // without its defence; they make no checkpoints, which would change what their
 // steps find.
 var modelCases = []modelCase{
-	{1, 250, true}, {2, 250, true}, {3, 250, true},
+	{1, 250, true, false}, {2, 250, true, false}, {3, 250, true, false},
+	{1, 250, true, true}, {2, 250, true, true}, {3, 250, true, true},
 	// Issue 22, finding 5: a chmod 000 through the view, then a listing
 	// the kernel kept, opened on the 0755 go-fuse reported (NullPermissions).
-	{1796194089136940365, 189, false},
-	{1796194085459807542, 504, false},
-	{1796194092266760894, 699, false},
-	{1796194078249133087, 1888, false},
+	{1796194089136940365, 189, false, false},
+	{1796194085459807542, 504, false, false},
+	{1796194092266760894, 699, false, false},
+	{1796194078249133087, 1888, false, false},
 }
 
 // TestModelRandom runs the fixed cases (modelCases). CONDFS_MODEL_SEED
@@ -608,7 +710,9 @@ func TestModelRandom(t *testing.T) {
 	switch s := os.Getenv("CONDFS_MODEL_SEED"); s {
 	case "":
 	case "random":
-		cases = []modelCase{{time.Now().UnixNano(), steps, true}}
+		// A fresh seed's session is staged for an odd seed.
+		seed := time.Now().UnixNano()
+		cases = []modelCase{{seed, steps, true, seed%2 == 1}}
 	default:
 		cases = nil
 		for _, f := range strings.Split(s, ",") {
@@ -616,7 +720,7 @@ func TestModelRandom(t *testing.T) {
 			if err != nil {
 				t.Fatalf("CONDFS_MODEL_SEED=%q: %v", s, err)
 			}
-			cases = append(cases, modelCase{n, steps, true})
+			cases = append(cases, modelCase{n, steps, true, false}, modelCase{n, steps, true, true})
 		}
 	}
 	var budget time.Duration
@@ -638,7 +742,11 @@ func TestModelRandom(t *testing.T) {
 
 func modelRun(t *testing.T, c modelCase, budget time.Duration) {
 	seed, steps := c.seed, c.steps
-	t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+	name := fmt.Sprintf("seed=%d", seed)
+	if c.staged {
+		name += "/staged"
+	}
+	t.Run(name, func(t *testing.T) {
 		h := testenv.OpenHome(t, modelRules[0])
 		for _, d := range modelDirs[1:] {
 			os.MkdirAll(h.Path("memories/"+d), 0o777)
@@ -650,10 +758,17 @@ func modelRun(t *testing.T, c modelCase, budget time.Duration) {
 		testenv.ChownTree(t, h.Path("memories"), testenv.Nobody)
 		d := testenv.Start(t, h)
 		m := &model{t: t, h: h, d: d, seed: seed, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed)),
-			changes: c.changes, cprng: rand.New(rand.NewSource(seed ^ 0x5eed))}
+			changes: c.changes, staged: c.staged, shown: h.Path("memories"), cprng: rand.New(rand.NewSource(seed ^ 0x5eed))}
 		m.setRules(0)
 		m.setContext(true)
-		m.view = d.OpenFor("a", testenv.Nobody, testenv.DM)
+		if c.staged {
+			m.view = h.Path("mnt/a")
+			d.Call("session.open", map[string]any{"id": "a", "mount": m.view, "context": testenv.DM, "owner": testenv.Nobody, "changes": "staged"}, nil)
+			// The state directory is the socket's (testenv.Start).
+			m.shown = filepath.Join(filepath.Dir(d.Socket), "changes", "a", "merged", "memories")
+		} else {
+			m.view = d.OpenFor("a", testenv.Nobody, testenv.DM)
+		}
 		m.other = d.Open("b", testenv.DM)
 		m.sh = testenv.StartShell(t)
 		deadline := time.Now().Add(budget)
@@ -667,7 +782,7 @@ func modelRun(t *testing.T, c modelCase, budget time.Duration) {
 				m.check()
 			}
 		}
-		t.Logf("seed %d: %d of %d steps (%d logged); %d checkpoints, %d rollbacks (%d predicted exactly)", seed, i, steps, len(m.log), m.made, m.undone, m.exact)
+		t.Logf("seed %d (staged %v): %d of %d steps (%d logged); %d checkpoints, %d rollbacks, commits or discards (%d predicted exactly)", seed, c.staged, i, steps, len(m.log), m.made, m.undone, m.exact)
 	})
 }
 

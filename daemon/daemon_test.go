@@ -213,12 +213,12 @@ func TestDenialRateLimit(t *testing.T) {
 	}
 }
 
-// TestAttackDenialFloodHidesOthers: one session's flood of distinct
-// denials neither keeps another session's denials from the audit log nor
-// drops its own uncounted. Before, the limiter was one for the daemon: once
-// 4,096 distinct denials of one session filled it within a second, every
-// other session's new denial went unwritten, and unrecorded.
-func TestAttackDenialFloodHidesOthers(t *testing.T) {
+// TestDenialFloodOfOneSessionHidesNoOtherSessions: one session's flood of
+// distinct denials neither keeps another session's denials from the audit
+// log nor drops its own uncounted: the limiter is per session, so 4,096
+// distinct denials of one session within a second leave every other
+// session's new denials written.
+func TestDenialFloodOfOneSessionHidesNoOtherSessions(t *testing.T) {
 	var l denialLimiter
 	l.init()
 	now := time.Unix(1000, 0)

@@ -41,7 +41,7 @@ func TestNormalPath(t *testing.T) {
 	}
 	for _, bad := range []string{"/pub/..%2Fprivate/x", "/a%5Cb", "/a%00", "/pub/..;/private", "/.;x/y", "/a/..%3Bx/b", "a/b", "/a%zz", "/a%4", "/a b", "/a\x00", "//evil/x", "/a/../..//evil", "/x#frag", "/é",
 		// Path parameters and empty segments, which servers drop or merge
-		// (TestAtk9EgressParamSegment).
+		// (TestEgressParamSegmentPathDecided).
 		"/a;v=1/b", "/;x/private/s", "/;/private/s", "/private;x", "/a%3Bb", "/a//b", "/a/b//"} {
 		if got, err := normalPath(&http.Request{Method: "GET", RequestURI: bad}); err == nil {
 			t.Errorf("%q: got %q, want an error", bad, got)

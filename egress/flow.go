@@ -68,7 +68,7 @@ func (f *flow) endLocked(reset bool) {
 		if tc, ok := c.(*net.TCPConn); ok && reset {
 			// A reset upstream too: a graceful close would still send
 			// what the relay had queued in the socket, after the cut
-			// returned (TestAtk9EgressCutDrainsUpstream).
+			// returned (TestEgressCutDropsQueuedBytes).
 			_ = tc.SetLinger(0)
 		}
 		c.Close()

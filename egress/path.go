@@ -61,7 +61,7 @@ func normalPath(req *http.Request) (string, error) {
 // decided path is the one every server reads: an encoded "/", "\\" or NUL
 // (a server that decodes before it splits sees other segments), ";"
 // parameters in any segment (servers that drop them, as Tomcat does, read
-// "/;x/private" or "/private;x" as "/private": TestAtk9EgressParamSegment),
+// "/;x/private" or "/private;x" as "/private": TestEgressParamSegmentPathDecided),
 // and an empty segment before the last (nginx merges "/a//b" into "/a/b").
 func ambiguous(p string) error {
 	for _, e := range []string{"%2F", "%5C", "%00", "%3B"} {

@@ -15,7 +15,7 @@ import (
 // of a session that holds fewer than its owner's largest (by two or more),
 // by cutting that session's oldest. So an owner can always reach its fair
 // part of the node, however many sessions another opens
-// (TestAtk9CEgressSybilSessions), and a session its fair part of its
+// (TestEgressNodePoolFairAmongOneUidsSessions), and a session its fair part of its
 // owner's.
 type Pool struct {
 	mu     sync.Mutex

@@ -87,7 +87,7 @@ func TestPoolNoThrash(t *testing.T) {
 
 // TestPoolOwnersFair: an owner opening many sessions takes no more than
 // its fair part of the node from another owner's single session
-// (TestAtk9CEgressSybilSessions), and its own sessions share its part.
+// (TestEgressNodePoolFairAmongOneUidsSessions), and its own sessions share its part.
 func TestPoolOwnersFair(t *testing.T) {
 	p := NewPool(12)
 	victim := p.Share(1000, 12)

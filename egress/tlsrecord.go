@@ -44,7 +44,7 @@ func clientHello(c net.Conn, br *bufio.Reader) (sni string, read []byte, err err
 // A server asks for a second client hello with a HelloRetryRequest (TLS
 // 1.3): a server hello whose random is this constant (RFC 8446 4.1.3).
 // The second hello's SNI is the one the server serves, so it is checked as
-// the first was (TestAtk9EgressTLSRetrySNI).
+// the first was (TestEgressSNICheckedOnRetriedHello).
 var helloRetryRandom = []byte{
 	0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65, 0xB8, 0x91,
 	0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2, 0xC8, 0xA8, 0x33, 0x9C,

@@ -24,10 +24,10 @@ import (
 // (egressFDs each: they are kept from the views' open files, fsys's
 // ReservedFDs). A connection whose program stops reading holds its windows
 // and relay buffers in the daemon (about 0.7 MB of its RSS measured,
-// TestAttackEgressMemory), which no run's memory limit counts: the node's
+// TestEgressMemoryBoundedPerRun), which no run's memory limit counts: the node's
 // total is bounded here (about 700 MB at most). Four sessions holding 256
 // each ran a daemon with 2,048 descriptors out of them, and every session
-// with it (TestAtk9CEgressEatsReserve).
+// with it (TestEgressPoolLeavesTheDaemonItsReserve).
 func nodeConnections(fdLimit uint64) int {
 	return int(min(1024, fdLimit/8/egressFDs))
 }

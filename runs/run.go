@@ -300,7 +300,7 @@ func (n *Node) endRun(s *Session, a *activeRun, spec sandbox.Spec, reusable bool
 		// The command's processes are gone; what they left queued must
 		// not go on flowing while the sandbox waits, unchecked by the
 		// switches and reloads that check the session's runs
-		// (TestAtk9EgressKeptRunCut).
+		// (TestEgressSwitchCutsKeptSandboxConnections).
 		if a.box.gw != nil {
 			a.box.gw.CutAll("cut: the run's command ended")
 		}

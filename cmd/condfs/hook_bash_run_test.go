@@ -1,12 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"fmt"
-	"net"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,35 +11,7 @@ import (
 // fakeDaemon answers every tool.decide with decision; it returns the socket.
 func fakeDaemon(t *testing.T, decision string) string {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadBytes('\n')
-					if err != nil {
-						return
-					}
-					var req struct {
-						ID json.RawMessage `json:"id"`
-					}
-					json.Unmarshal(line, &req)
-					fmt.Fprintf(c, `{"jsonrpc":"2.0","id":%s,"result":{"decision":%q,"role":null,"reasons":[]}}`+"\n", req.ID, decision)
-				}
-			}(c)
-		}
-	}()
+	sock, _ := stepDaemon(t, decision, "")
 	return sock
 }
 

@@ -2,7 +2,6 @@ package changes
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,19 +17,7 @@ import (
 
 func sameBacking(t *testing.T, what string, want, got map[string]string) {
 	t.Helper()
-	var diffs []string
-	for p, w := range want {
-		if g := got[p]; g != w {
-			diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
-		}
-	}
-	for p, g := range got {
-		if _, ok := want[p]; !ok {
-			diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
-		}
-	}
-	sort.Strings(diffs)
-	if len(diffs) > 0 {
+	if diffs := testenv.TreeDiff(want, got); len(diffs) > 0 {
 		t.Fatalf("%s:\n%s", what, strings.Join(diffs, "\n"))
 	}
 }

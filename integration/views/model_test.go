@@ -6,7 +6,6 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -451,19 +450,7 @@ func (m *model) changesStep(i int) bool {
 			m.fail("rollback to %s with only the session's changes since: conflicts %+v", cp.id, res.Conflicts)
 		}
 		got := testenv.BackingTree(m.t, m.h.Path("memories"))
-		var diffs []string
-		for p, w := range cp.tree {
-			if g := got[p]; g != w {
-				diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
-			}
-		}
-		for p, g := range got {
-			if _, ok := cp.tree[p]; !ok {
-				diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
-			}
-		}
-		if len(diffs) > 0 {
-			sort.Strings(diffs)
+		if diffs := testenv.TreeDiff(cp.tree, got); len(diffs) > 0 {
 			m.fail("rollback to %s left the backing tree unlike it was:\n%s", cp.id, strings.Join(diffs, "\n"))
 		}
 		return true
@@ -520,19 +507,7 @@ func (m *model) stagedStep(i int) bool {
 		shown = testenv.BackingTree(m.t, m.h.Path("memories"))
 	}
 	m.exact++
-	var diffs []string
-	for p, w := range want {
-		if g := shown[p]; g != w {
-			diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
-		}
-	}
-	for p, g := range shown {
-		if _, ok := want[p]; !ok {
-			diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
-		}
-	}
-	if len(diffs) > 0 {
-		sort.Strings(diffs)
+	if diffs := testenv.TreeDiff(want, shown); len(diffs) > 0 {
 		m.fail("%s:\n%s", what, strings.Join(diffs, "\n"))
 	}
 	return true

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -42,6 +43,24 @@ func BackingTree(t *testing.T, root string) map[string]string {
 		return nil
 	})
 	return out
+}
+
+// TreeDiff lists, sorted, how got differs from want (two BackingTree
+// descriptions); none when they are the same.
+func TreeDiff(want, got map[string]string) []string {
+	var diffs []string
+	for p, w := range want {
+		if g := got[p]; g != w {
+			diffs = append(diffs, fmt.Sprintf("%s = %q, want %q", p, g, w))
+		}
+	}
+	for p, g := range got {
+		if _, ok := want[p]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s extra (%s)", p, g))
+		}
+	}
+	sort.Strings(diffs)
+	return diffs
 }
 
 // RollbackResult is checkpoint.rollback's answer.

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,6 +312,36 @@ func (ca *testCA) leaf(t *testing.T, names ...string) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
+// numbered gives each connection l accepts an address of its own
+// (ADDR#N): a client port the kernel gives again after a close names
+// another connection, not the same one.
+func numbered(l net.Listener) net.Listener { return &numberedListener{Listener: l} }
+
+type numberedListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *numberedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return numberedConn{c, fmt.Sprintf("%s#%d", c.RemoteAddr(), l.n.Add(1))}, nil
+}
+
+type numberedConn struct {
+	net.Conn
+	addr string
+}
+
+func (c numberedConn) RemoteAddr() net.Addr { return numberedAddr(c.addr) }
+
+type numberedAddr string
+
+func (a numberedAddr) Network() string { return "tcp" }
+func (a numberedAddr) String() string  { return string(a) }
+
 // inspectServer records what its HTTPS servers read.
 type inspectServer struct {
 	mu   sync.Mutex
@@ -416,8 +448,8 @@ func newInspectHome(t *testing.T) *inspectHome {
 		}
 		return &c, nil
 	}}
-	go http.Serve(tls.NewListener(n.listen(t, inspectSrv+":443"), conf), http.HandlerFunc(srv.handler))
-	go http.Serve(n.listen(t, inspectSrv+":80"), http.HandlerFunc(srv.handler))
+	go http.Serve(tls.NewListener(numbered(n.listen(t, inspectSrv+":443")), conf), http.HandlerFunc(srv.handler))
+	go http.Serve(numbered(n.listen(t, inspectSrv+":80")), http.HandlerFunc(srv.handler))
 	h := testenv.OpenHome(t, "-")
 	hosts := h.Write("config/hosts", inspectSrv+" api.test other.test bad.test web.test\n")
 	caFile := h.Write("config/upstream-ca.pem", string(ca.pem))

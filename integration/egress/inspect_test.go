@@ -367,7 +367,7 @@ func TestInspectUnprivilegedDaemon(t *testing.T) {
 	ca := newTestCA(t, "condfs test upstream CA")
 	srv := &inspectServer{}
 	conf := &tls.Config{Certificates: []tls.Certificate{ca.leaf(t, "api.test", "other.test")}}
-	go http.Serve(tls.NewListener(n.listen(t, inspectSrv+":443"), conf), http.HandlerFunc(srv.handler))
+	go http.Serve(tls.NewListener(numbered(n.listen(t, inspectSrv+":443")), conf), http.HandlerFunc(srv.handler))
 	h := testenv.OpenHome(t, "-")
 	hosts := h.Write("config/hosts", inspectSrv+" api.test other.test bad.test web.test\n")
 	caFile := h.Write("config/upstream-ca.pem", string(ca.pem))

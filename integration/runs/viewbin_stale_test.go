@@ -1,7 +1,6 @@
 package runs
 
 import (
-	"bufio"
 	"io"
 	"os"
 	"os/exec"
@@ -246,28 +245,10 @@ func TestViewBinaryDetachedAtEpochNeverExecutes(t *testing.T) {
 	}
 }
 
-// binShell starts `condfs run -- sh -c script` as 65534 and returns its
-// stdin and a channel of its output lines (stdout and stderr).
+// binShell starts `condfs run -- sh -c script` as 65534 in session "s".
 func binShell(t *testing.T, d *testenv.Daemon, script string) (*exec.Cmd, io.WriteCloser, chan string) {
 	t.Helper()
-	cmd := testenv.CommandAs(testenv.Nobody, testenv.Condfs(), "run", "--socket", d.Socket, "--session", "s", "--",
-		"sh", "-c", script)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 1000)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
-	return cmd, stdin, lines
+	return testenv.RunShell(t, d.Socket, "s", script)
 }
 
 func waitLine(t *testing.T, lines chan string, want string, d time.Duration) (string, bool) {

@@ -74,7 +74,15 @@ func (a *UnprivHome) Run(t *testing.T, redir string, argv ...string) (string, in
 // Shell starts `condfs run -- sh -c script` as 65534 in session "default".
 func (a *UnprivHome) Shell(t *testing.T, script string) (*exec.Cmd, io.WriteCloser, chan string) {
 	t.Helper()
-	cmd := CommandAs(Nobody, Condfs(), "run", "--socket", a.Socket, "--session", "default", "--",
+	return RunShell(t, a.Socket, "default", script)
+}
+
+// RunShell starts `condfs run -- sh -c script` as 65534 in session over
+// the daemon at socket, and returns its stdin and a channel of its output
+// lines (stdout and stderr), closed when the output ends.
+func RunShell(t *testing.T, socket, session, script string) (*exec.Cmd, io.WriteCloser, chan string) {
+	t.Helper()
+	cmd := CommandAs(Nobody, Condfs(), "run", "--socket", socket, "--session", session, "--",
 		"sh", "-c", script)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

@@ -33,7 +33,8 @@ type record struct {
 }
 
 // state is what a path is. Types: n none, f regular file, d directory,
-// l symlink, p FIFO, o anything else.
+// l symlink, p FIFO, w a layer's whiteout (Options.Layer), o anything
+// else.
 type state struct {
 	T     string `json:"t"`
 	Mode  uint32 `json:"m,omitempty"` // permission bits (07777)
@@ -44,6 +45,7 @@ type state struct {
 	Mtime int64  `json:"mt,omitempty"` // ns
 	Ctime int64  `json:"ct,omitempty"` // ns
 	Link  string `json:"l,omitempty"`
+	Opq   bool   `json:"o,omitempty"` // a layer's directory hiding what is below it (Options.Layer)
 }
 
 var none = state{T: "n"}
@@ -91,7 +93,9 @@ func holds(cur, snap state) bool {
 	case "n":
 		return true
 	case "d", "p":
-		return cur.Mode == snap.Mode
+		return cur.Mode == snap.Mode && cur.Opq == snap.Opq
+	case "w":
+		return true
 	case "l":
 		return cur.Link == snap.Link
 	}
@@ -186,7 +190,30 @@ func (s *Store) lstat(space, p string) (state, error) {
 			return state{}, err
 		}
 	}
+	s.layerState(fd, &st, &cur)
 	return cur, nil
+}
+
+// layerState marks, in a layer (Options.Layer), a whiteout and a
+// directory's opaque mark.
+func (s *Store) layerState(fd int, st *unix.Stat_t, cur *state) {
+	if !s.opts.Layer {
+		return
+	}
+	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0:
+		*cur = state{T: "w", Ino: st.Ino, Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano()}
+	case cur.T == "d":
+		cur.Opq = opaqueFD(fd)
+	}
+}
+
+// opaqueFD reports whether the directory fd (O_PATH) carries overlayfs's
+// opaque mark.
+func opaqueFD(fd int) bool {
+	buf := make([]byte, 8)
+	n, err := unix.Getxattr(procPath(fd), opaqueXattr, buf)
+	return err == nil && n == 1 && buf[0] == 'y'
 }
 
 func readlinkFD(fd int) (string, error) {
@@ -240,6 +267,42 @@ func (s *Store) Before(space, p string) error {
 	}
 	s.seen[k] = true
 	s.counts[len(s.counts)-1][k] = true
+	if s.opts.Layer && r.St.T == "d" {
+		return s.whiteoutsBelow(space, p)
+	}
+	return nil
+}
+
+// whiteoutsBelow records the whiteouts in a layer's directory p: removing
+// the directory (which overlayfs allows once it shows nothing) removes
+// them with it, and a rollback that makes it again must hide again what
+// they hid.
+func (s *Store) whiteoutsBelow(space, p string) error {
+	fd, err := safepath.Beneath(s.roots[space], p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil // not a directory it can list: nothing of it goes with it
+	}
+	names, err := readNames(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("changes: list %s%s: %w", space, p, err)
+	}
+	for _, name := range names {
+		q := joinPath(p, name)
+		k := key{space, q}
+		if s.seen[k] {
+			continue
+		}
+		cur, err := s.lstat(space, q)
+		if err != nil || cur.T != "w" {
+			continue
+		}
+		if err := s.appendRec(record{K: kindBefore, S: space, P: q, St: cur}); err != nil {
+			return err
+		}
+		s.seen[k] = true
+		s.counts[len(s.counts)-1][k] = true
+	}
 	return nil
 }
 
@@ -263,6 +326,7 @@ func (s *Store) snapshot(space, p string) (record, error) {
 		return r, fmt.Errorf("changes: %w", err)
 	}
 	r.St = stateOf(&st)
+	s.layerState(fd, &st, &r.St)
 	switch r.St.T {
 	case "l":
 		if r.St.Link, err = readlinkFD(fd); err != nil {

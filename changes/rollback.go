@@ -156,7 +156,7 @@ func (rb *rollback) segment(seg []record) {
 		}
 		cur, err := s.lstat(r.S, r.P)
 		if err == nil && cur.T != "n" && cur.T != r.St.T {
-			err = removeAt(s.roots[r.S], r.P, cur)
+			err = s.removeAt(r.S, r.P, cur)
 		}
 		if err != nil {
 			rb.conflict(k, "not restored: "+err.Error())
@@ -198,6 +198,11 @@ func (rb *rollback) check(r record) bool {
 	if err != nil {
 		rb.conflict(k, "cannot be reached beneath the backing root: "+err.Error())
 		return false
+	}
+	if rb.s.opts.Layer {
+		// Only the session changes its layer (a commit or a discard drops
+		// its checkpoints): nothing there can conflict.
+		return true
 	}
 	left, known := rb.s.after[k]
 	if sameAsLeft(cur, left, known) || rb.holdsAny(k, cur) {
@@ -242,15 +247,16 @@ func (rb *rollback) unmove(r record) {
 
 func depth(p string) int { return strings.Count(p, "/") }
 
-// removeAt removes what is at p (a directory only when empty).
-func removeAt(root int, p string, cur state) error {
+// removeAt removes what is at p of space (a directory only when empty,
+// but in a layer).
+func (s *Store) removeAt(space, p string, cur state) error {
 	dir, name := split(p)
-	pfd, err := safepath.Beneath(root, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	pfd, err := safepath.Beneath(s.roots[space], dir, unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return fmt.Errorf("its directory: %w", err)
 	}
 	defer unix.Close(pfd)
-	return remove(pfd, name, cur)
+	return s.remove(pfd, name, cur)
 }
 
 func (rb *rollback) holdsAny(k key, cur state) bool {
@@ -366,13 +372,13 @@ func (s *Store) restore(r record, cur state) error {
 	want := r.St
 	switch want.T {
 	case "n":
-		return remove(pfd, name, cur)
+		return s.remove(pfd, name, cur)
 	case "f":
 		return s.restoreFile(pfd, name, r, cur)
 	case "d":
 		fresh := cur.T != "d"
 		if fresh {
-			if err := remove(pfd, name, cur); err != nil {
+			if err := s.remove(pfd, name, cur); err != nil {
 				return err
 			}
 			if err := unix.Mkdirat(pfd, name, want.Mode&0o777|0o700); err != nil {
@@ -385,11 +391,14 @@ func (s *Store) restore(r record, cur state) error {
 			return err
 		}
 		defer unix.Close(fd)
+		if err := s.setOpaque(fd, want.Opq); err != nil {
+			return err
+		}
 		return setMeta(fd, want, false)
 	case "l":
 		fresh := !(cur.T == "l" && cur.Link == want.Link)
 		if fresh {
-			if err := remove(pfd, name, cur); err != nil {
+			if err := s.remove(pfd, name, cur); err != nil {
 				return err
 			}
 			if err := unix.Symlinkat(want.Link, pfd, name); err != nil {
@@ -410,7 +419,7 @@ func (s *Store) restore(r record, cur state) error {
 	case "p":
 		fresh := cur.T != "p"
 		if fresh {
-			if err := remove(pfd, name, cur); err != nil {
+			if err := s.remove(pfd, name, cur); err != nil {
 				return err
 			}
 			if err := unix.Mknodat(pfd, name, unix.S_IFIFO|want.Mode&0o777, 0); err != nil {
@@ -424,8 +433,34 @@ func (s *Store) restore(r record, cur state) error {
 		}
 		defer unix.Close(fd)
 		return setMeta(fd, want, false)
+	case "w":
+		if !s.opts.Layer {
+			break
+		}
+		if cur.T != "w" {
+			if err := s.remove(pfd, name, cur); err != nil {
+				return err
+			}
+			if err := unix.Mknodat(pfd, name, unix.S_IFCHR, 0); err != nil {
+				return err
+			}
+			made(r.P)
+		}
+		return nil
 	}
 	return errors.New("a special file is not restored")
+}
+
+// setOpaque gives a layer's directory (fd, O_PATH) overlayfs's opaque
+// mark, or takes it away.
+func (s *Store) setOpaque(fd int, opq bool) error {
+	if !s.opts.Layer || opaqueFD(fd) == opq {
+		return nil
+	}
+	if opq {
+		return unix.Setxattr(procPath(fd), opaqueXattr, []byte("y"), 0)
+	}
+	return unix.Removexattr(procPath(fd), opaqueXattr)
 }
 
 func made(p string) {
@@ -502,7 +537,7 @@ func (s *Store) restoreFile(pfd int, name string, r record, cur state) error {
 		fd, err = unix.Open(procPath(pathFD), unix.O_WRONLY|unix.O_TRUNC|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		unix.Close(pathFD)
 	} else {
-		if err := remove(pfd, name, cur); err != nil {
+		if err := s.remove(pfd, name, cur); err != nil {
 			return err
 		}
 		fd, err = safepath.Beneath(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NONBLOCK, 0o600)
@@ -538,13 +573,18 @@ func setMeta(fd int, want state, open bool) error {
 	return unix.UtimesNanoAt(unix.AT_FDCWD, procPath(fd), ts, 0)
 }
 
-// remove removes what is at name (a directory only when empty).
-func remove(pfd int, name string, cur state) error {
+// remove removes what is at name (a directory only when empty, but in a
+// layer: what a path held nothing at in a layer is the session's whole,
+// the directories overlayfs copied up below it with it).
+func (s *Store) remove(pfd int, name string, cur state) error {
 	var err error
 	switch cur.T {
 	case "n":
 		return nil
 	case "d":
+		if s.opts.Layer {
+			return removeTreeAt(pfd, name)
+		}
 		err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
 	default:
 		err = unix.Unlinkat(pfd, name, 0)

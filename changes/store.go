@@ -63,6 +63,13 @@ type Options struct {
 	// Owner, if set, is whose authority Diff reads current content with
 	// (asowner.go); nil: the daemon's.
 	Owner *Owner
+	// Layer: the roots are a staged session's overlayfs upper directories
+	// (layer.go's layout), recorded and restored as the layer itself: a
+	// whiteout is a state of its own, a directory's opaque mark part of
+	// its state, and what a path held nothing at is removed whole (the
+	// directories overlayfs copied up below it with it). A rollback of a
+	// layer is made while nothing is mounted over it.
+	Layer bool
 	// Shared, if set, counts what every store of the same uid holds:
 	// MaxBytes bounds that sum too, so that one uid's many sessions
 	// cannot fill the state directory everyone's checkpoints live in.
@@ -536,4 +543,40 @@ func sortedKeys(m map[key]bool) []key {
 		return ks[i].path < ks[j].path
 	})
 	return ks
+}
+
+// Drop forgets every checkpoint: a staged session's commit or discard
+// changes the layer they were taken of, so none can be rolled back to.
+// Dropped are given back, oldest first.
+func (s *Store) Drop() ([]Checkpoint, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("changes: store closed")
+	}
+	if len(s.meta.Checkpoints) == 0 {
+		return nil, nil
+	}
+	m := s.meta
+	m.Checkpoints = nil
+	if err := s.writeMeta(m); err != nil {
+		return nil, err
+	}
+	var dropped []Checkpoint
+	for i, c := range s.meta.Checkpoints {
+		dropped = append(dropped, Checkpoint{ID: c.ID, Name: c.Name, Created: c.Created, Changes: len(s.counts[i])})
+		s.dropLog(c.Log)
+	}
+	s.armed.Store(false)
+	if s.logFD >= 0 {
+		unix.Close(s.logFD)
+		s.logFD = -1
+	}
+	s.meta = m
+	s.cps.Store(0)
+	s.counts = nil
+	s.seen = map[key]bool{}
+	s.after = map[key]state{}
+	s.intent = nil
+	return dropped, nil
 }

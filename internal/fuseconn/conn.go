@@ -124,7 +124,9 @@ func Mount(o Options) (*Conn, error) {
 	// CONDFS_INVALIDATION=entries forces the per-entry path, as on those
 	// kernels (so that it can be tested and compared anywhere), and
 	// entries-drop the per-entry path without FUSE_EXPIRE_ONLY, as on
-	// kernels before 6.2.
+	// kernels before 6.2; epoch the epoch wherever a view may bump it (a
+	// connection per session: every switch; the shared one: reloads),
+	// without FUSE_EXPIRE_ONLY (Notifier.Init), as for lost events.
 	if inv := os.Getenv("CONDFS_INVALIDATION"); inv != "entries" && inv != "entries-drop" {
 		err := incEpoch(c.devFD)
 		c.epoch.Store(err == nil)

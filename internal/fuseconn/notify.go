@@ -28,8 +28,9 @@ type Notifier struct {
 	server atomic.Pointer[fuse.Server] // set by Init
 	devFD  atomic.Int32                // the daemon's dup of /dev/fuse; 0 until set
 	// expires: the kernel offers FUSE_HAS_EXPIRE_ONLY (Linux ≥ 6.2), and
-	// CONDFS_INVALIDATION is not entries-drop (which behaves as older
-	// kernels do, to test that path anywhere).
+	// CONDFS_INVALIDATION is neither entries-drop (which behaves as older
+	// kernels do, to test that path anywhere) nor epoch (which leaves the
+	// epoch to invalidate wherever the kernel has it).
 	expires atomic.Bool
 }
 
@@ -39,7 +40,8 @@ var _ fs.ServerCallbacks = (*Notifier)(nil)
 func (n *Notifier) Init(s *fuse.Server) {
 	n.server.Store(s)
 	offered := s.KernelSettings().Flags64()&fuse.CAP_HAS_EXPIRE_ONLY != 0
-	n.expires.Store(offered && os.Getenv("CONDFS_INVALIDATION") != "entries-drop")
+	inv := os.Getenv("CONDFS_INVALIDATION")
+	n.expires.Store(offered && inv != "entries-drop" && inv != "epoch")
 }
 
 // CanExpire reports whether entries can be expired (nil: a tree not

@@ -1,0 +1,165 @@
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Program is a program agents run, as a shell script (sh -e) run in a
+// directory of its own in a view, which checks its own results.
+type Program struct {
+	Name  string
+	Tools []string // what it runs, each on PATH
+	// Root: run as root (the session admits uid 0): go builds with the
+	// test process's own build cache, warm for -race (the integration
+	// tests are built so), where a cold one costs half a minute.
+	Root   bool
+	Script string
+}
+
+// Programs are agents' usual programs: git, npm (an install from a local
+// tarball: no registry), go build and go test, a Python venv, sqlite3 in
+// WAL mode with a reader beside a writer, make -j2 over cc with a
+// dependency graph, and prove.
+var Programs = []Program{
+	{Name: "git", Tools: []string{"git"}, Script: `
+git init -q -b main .
+git config user.name agent
+git config user.email agent@example.com
+printf 'one\n' > a.txt
+mkdir -p src/lib
+printf 'int x;\n' > src/lib/x.c
+git add -A
+git commit -q -m one
+git checkout -q -b feat
+printf 'two\n' >> a.txt
+git commit -q -am two
+printf 'wip\n' >> a.txt
+git stash -q
+test "$(cat a.txt)" = "$(printf 'one\ntwo')"
+git stash pop -q
+grep -q wip a.txt
+test "$(git status --porcelain)" = " M a.txt"
+git checkout -q -- a.txt
+git checkout -q main
+git merge -q feat
+test "$(git log --format=%s | tr '\n' ' ')" = "two one "
+test -z "$(git status --porcelain)"
+git fsck --no-progress >/dev/null
+`},
+	{Name: "npm", Tools: []string{"node", "npm"}, Script: `
+export npm_config_cache="$PWD/.npm" npm_config_update_notifier=false
+mkdir dep app
+(cd dep && npm init -y >/dev/null && echo 'module.exports = 42;' > index.js && npm pack --silent >/dev/null)
+cd app
+npm init -y >/dev/null
+npm install --offline --no-audit --no-fund ../dep/dep-1.0.0.tgz >/dev/null
+test "$(node -e 'console.log(require("dep"))')" = 42
+grep -q '"dep"' package.json package-lock.json
+`},
+	{Name: "go", Tools: []string{"go"}, Root: true, Script: `
+export GOTOOLCHAIN=local GOFLAGS= GOPROXY=off GOWORK=off
+go mod init example.com/ex >/dev/null 2>&1
+printf 'package main\n\nfunc add(a, b int) int { return a + b }\n\nfunc main() { println(add(1, 2)) }\n' > main.go
+printf 'package main\n\nimport "testing"\n\nfunc TestAdd(t *testing.T) {\n\tif add(1, 2) != 3 {\n\t\tt.Fatal(add(1, 2))\n\t}\n}\n' > main_test.go
+go build -race -o ex .
+test "$(./ex 2>&1)" = 3
+go test -race -count=1 . >/dev/null
+go vet .
+`},
+	{Name: "venv", Tools: []string{"python3"}, Script: `
+python3 -m venv --copies --without-pip v
+test "$(v/bin/python3 -c 'import sys; print(sys.prefix != sys.base_prefix)')" = True
+v/bin/python3 -c 'import json, sqlite3; open("out.json", "w").write(json.dumps([1]))'
+test "$(cat out.json)" = "[1]"
+`},
+	{Name: "sqlite3", Tools: []string{"sqlite3", "seq", "sed"}, Script: `
+test "$(sqlite3 db 'PRAGMA journal_mode=WAL; CREATE TABLE t(a INTEGER, b TEXT);')" = wal
+(
+	for i in $(seq 30); do
+		n=$(sqlite3 -cmd '.timeout 10000' db 'SELECT count(*) FROM t')
+		case $n in 0|10000) ;; *) echo "a reader saw $n rows"; exit 1 ;; esac
+	done
+) & r=$!
+{ echo 'BEGIN;'; seq 10000 | sed 's/.*/INSERT INTO t VALUES(&, "row &");/'; echo 'COMMIT;'; } | sqlite3 -cmd '.timeout 10000' db
+wait $r
+test "$(sqlite3 db 'SELECT count(*), sum(a) FROM t')" = "10000|50005000"
+test "$(sqlite3 db 'PRAGMA integrity_check')" = ok
+`},
+	{Name: "make", Tools: []string{"make", "cc"}, Script: `
+printf 'int a(void) { return 1; }\n' > a.c
+printf 'int b(void) { return 2; }\n' > b.c
+printf 'int a(void);\nint b(void);\nint main(void) { return a() + b() == 3 ? 0 : 1; }\n' > main.c
+printf 'prog: main.o a.o b.o lib/c.txt\n\tcc -o $@ main.o a.o b.o\n%%.o: %%.c\n\tcc -O2 -c -o $@ $<\nlib/c.txt: a.c b.c\n\tmkdir -p lib && cat a.c b.c > $@\nclean:\n\trm -f prog *.o\n' > Makefile
+touch -d '-2 minutes' a.c b.c main.c Makefile
+make -s -j2
+./prog
+make -q prog
+touch -d '-1 minute' prog main.o a.o b.o lib/c.txt
+touch a.c
+test "$(make -n | grep -c '^cc')" = 2
+make -s -j2
+./prog
+make -q prog
+make -s clean
+test ! -e prog
+make -s -j2
+./prog
+`},
+	{Name: "prove", Tools: []string{"prove", "perl"}, Script: `
+mkdir t
+printf 'use Test::More tests => 2;\nok(1, "one");\nis(1 + 1, 2, "two");\n' > t/a.t
+printf 'use Test::More tests => 1;\nuse Cwd;\nopen(my $f, ">", "b.out") or die;\nprint $f "b\\n";\nclose $f;\nis(-s "b.out", 2, "written in " . getcwd());\n' > t/b.t
+prove -Q t/ >/dev/null
+prove -j2 -Q t/ >/dev/null
+`},
+}
+
+// ProgramPath is PATH for the programs: go's directory, then the system's
+// (not the test process's own PATH, whose directories under /root another
+// uid cannot search).
+func ProgramPath() string {
+	dirs := []string{}
+	if p, err := exec.LookPath("go"); err == nil {
+		dirs = append(dirs, filepath.Dir(p))
+	}
+	return strings.Join(append(dirs, "/usr/local/bin", "/usr/bin", "/bin"), ":")
+}
+
+// Missing is the first of p's tools not on ProgramPath, "" if none.
+func (p Program) Missing() string {
+	for _, tool := range p.Tools {
+		found := false
+		for _, dir := range filepath.SplitList(ProgramPath()) {
+			if st, err := os.Stat(filepath.Join(dir, tool)); err == nil && st.Mode()&0o111 != 0 {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return tool
+		}
+	}
+	return ""
+}
+
+// Command is p's script run in dir (made first, by its uid) as its uid.
+func (p Program) Command(t *testing.T, dir string) *exec.Cmd {
+	t.Helper()
+	uid := Nobody
+	if p.Root {
+		uid = 0
+	}
+	script := "mkdir -p \"$1\" && cd \"$1\"\nset -e\n" + p.Script
+	cmd := CommandAs(uid, "/bin/sh", "-c", script, "sh", dir)
+	if p.Root {
+		// root's own environment: its go build cache, warm.
+		cmd.Env = append(os.Environ(), "PATH="+ProgramPath())
+	} else {
+		cmd.Env = []string{"PATH=" + ProgramPath(), "HOME=" + dir, "LANG=C", "TMPDIR=" + os.TempDir()}
+	}
+	return cmd
+}

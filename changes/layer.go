@@ -46,7 +46,8 @@ type Layer struct {
 	sizes  map[key]int64 // bytes of each regular file in the upper layers
 	used   atomic.Int64
 
-	commitMu sync.Mutex // one commit or discard at a time
+	commitMu    sync.Mutex  // one commit, discard or remount at a time
+	remountView RemountFunc // guarded by mu
 }
 
 // LayerOptions configure a Layer.
@@ -75,6 +76,7 @@ type layerSpace struct {
 	lowerFD, upperFD   int // O_PATH directories
 	mergedFD           int
 	mounted            bool
+	gen                int // of the current mount (its work directory, work/SPACE/gN)
 }
 
 // ErrNotStaged is returned for a selector that names no staged change.
@@ -138,6 +140,14 @@ func (l *Layer) open() error {
 			work:   filepath.Join(l.opts.Dir, "work", name),
 			merged: filepath.Join(l.opts.Dir, "merged", name)}
 		l.spaces[name] = sp
+		// Earlier mounts' work directories (and a work directory laid
+		// out before there were several): nothing mounts them now.
+		if err := unmountUnder(sp.merged); err != nil { // what a crashed daemon left mounted
+			return fmt.Errorf("staged: %w", err)
+		}
+		if err := removeLocal(sp.work); err != nil {
+			return fmt.Errorf("staged: clear %s: %w", sp.work, err)
+		}
 		for _, d := range []string{sp.upper, sp.work, sp.merged} {
 			if err := safepath.MkdirAll(d, 0o700); err != nil {
 				return fmt.Errorf("staged: %w", err)
@@ -162,20 +172,8 @@ func (l *Layer) open() error {
 		if err := unix.Lchown(sp.upper, int(st.Uid), int(st.Gid)); err != nil {
 			return fmt.Errorf("staged: layer %s: %w", name, err)
 		}
-		if err := unmountUnder(sp.merged); err != nil { // what a crashed daemon left mounted
-			return fmt.Errorf("staged: %w", err)
-		}
-		opt := "lowerdir=" + lower + ",upperdir=" + sp.upper + ",workdir=" + sp.work +
-			",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
-		if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
-			if err == unix.EPERM {
-				return ErrLayerUnavailable
-			}
-			return fmt.Errorf("staged: mount the layer of %s: %w", name, err)
-		}
-		sp.mounted = true
-		if sp.mergedFD, err = safepath.OpenDir(sp.merged); err != nil {
-			return fmt.Errorf("staged: merged %s: %w", name, err)
+		if err := l.mountSpace(sp); err != nil {
+			return err
 		}
 	}
 	if err := l.loadBase(); err != nil {
@@ -238,6 +236,10 @@ func (l *Layer) loadBase() error {
 		var r record
 		if json.Unmarshal(sc.Bytes(), &r) != nil {
 			continue // a torn last line: the change it preceded was not made
+		}
+		if r.K == kindForget {
+			l.dropBase(key{r.S, r.P})
+			continue
 		}
 		l.base[key{r.S, r.P}] = r.St
 	}
@@ -356,6 +358,33 @@ func (l *Layer) noteBase(k key, cur state) error {
 	}
 	l.base[k] = cur
 	return nil
+}
+
+// kindForget in base.jsonl: the layer holds nothing at the path and below
+// it any more (committed or discarded); the next change there notes what
+// the backing tree holds then.
+const kindForget = "forget"
+
+// forgetBase drops what base holds of k's path and below it; l.mu is held.
+func (l *Layer) forgetBase(k key) error {
+	data, err := json.Marshal(record{K: kindForget, S: k.space, P: k.path})
+	if err != nil {
+		return err
+	}
+	if _, err := l.baseF.Write(append(data, '\n')); err != nil {
+		return fmt.Errorf("staged: note %s: %w", k.path, err)
+	}
+	l.dropBase(k)
+	return nil
+}
+
+func (l *Layer) dropBase(k key) {
+	delete(l.base, k)
+	for b := range l.base {
+		if b.space == k.space && (k.path == "/" || strings.HasPrefix(b.path, k.path+"/")) {
+			delete(l.base, b)
+		}
+	}
 }
 
 // lowerState states p beneath root without following a symlink: a path
@@ -800,10 +829,10 @@ type DiscardResult struct {
 // the same as the backing tree (so no longer a change), until a later
 // change of the session. Run again after a crash, it ends in the same
 // state: what was committed is no longer a change.
-func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
+func (l *Layer) Commit(sel []Selector, force bool) (res CommitResult, err error) {
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
-	res := CommitResult{Conflicts: []Conflict{}}
+	res = CommitResult{Conflicts: []Conflict{}}
 	todo, err := l.selected(sel)
 	if err != nil {
 		return res, err
@@ -814,25 +843,10 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 	// before it made it read-only (natively the owner may write in it,
 	// then chmod it), and the commit's check of each change below would
 	// otherwise find a directory its owner may not write.
-	type dirMode struct {
-		sp   *layerSpace
-		c    staged
-		mode uint32
-	}
 	var dirModes []dirMode
+	var done []staged
 	defer func() {
-		for i := len(dirModes) - 1; i >= 0; i-- {
-			dm := dirModes[i]
-			if err := chmodBeneath(dm.sp.lowerFD, dm.c.path, dm.mode); err != nil {
-				res.Conflicts = append(res.Conflicts, Conflict{Space: dm.c.space, Path: dm.c.shown(), Reason: "its mode could not be set: " + err.Error()})
-				continue
-			}
-			if cur, err := lowerState(dm.sp.lowerFD, dm.c.path); err == nil {
-				l.mu.Lock()
-				l.noteBase(key{dm.c.space, dm.c.path}, cur)
-				l.mu.Unlock()
-			}
-		}
+		l.finishCommit(&res, dirModes, done, &err)
 	}()
 	for _, c := range todo {
 		if under1(skipped, c) {
@@ -874,8 +888,56 @@ func (l *Layer) Commit(sel []Selector, force bool) (CommitResult, error) {
 		}
 		res.Committed++
 		res.Touched = append(res.Touched, Touched{Space: c.space, Path: c.path, Moved: c.up.T == "d" || c.low.T == "d"})
+		done = append(done, c)
 	}
 	return res, nil
+}
+
+// finishCommit gives committed directories their own modes (deepest
+// first), then removes from the layer what the commit made the backing
+// tree hold and mounts each space it touched again (pruneCommitted). Run
+// on every return of Commit: what was committed leaves the layer even when
+// a later path failed.
+func (l *Layer) finishCommit(res *CommitResult, dirModes []dirMode, done []staged, errp *error) {
+	{
+		for i := len(dirModes) - 1; i >= 0; i-- {
+			dm := dirModes[i]
+			if err := chmodBeneath(dm.sp.lowerFD, dm.c.path, dm.mode); err != nil {
+				res.Conflicts = append(res.Conflicts, Conflict{Space: dm.c.space, Path: dm.c.shown(), Reason: "its mode could not be set: " + err.Error()})
+				continue
+			}
+			if cur, err := lowerState(dm.sp.lowerFD, dm.c.path); err == nil {
+				l.mu.Lock()
+				l.noteBase(key{dm.c.space, dm.c.path}, cur)
+				l.mu.Unlock()
+			}
+		}
+	}
+	err := l.bySpace(done, func(sp *layerSpace, mine []staged) error {
+		return l.exclusive(sp, func() error { return l.pruneCommitted(sp, mine, res.Conflicts) })
+	})
+	*errp = errors.Join(*errp, err)
+}
+
+// bySpace calls f for each space with the changes of list in it, and joins
+// what they answer.
+func (l *Layer) bySpace(list []staged, f func(sp *layerSpace, mine []staged) error) error {
+	var errs []error
+	for _, name := range l.names {
+		var mine []staged
+		for _, c := range list {
+			if c.space == name {
+				mine = append(mine, c)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		if err := f(l.spaces[name], mine); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func under1(dirs []string, c staged) bool {
@@ -1087,6 +1149,14 @@ func parentOf(p string) string {
 	return p[:i]
 }
 
+// dirMode is a committed directory's own mode, set once what is below it
+// is in.
+type dirMode struct {
+	sp   *layerSpace
+	c    staged
+	mode uint32
+}
+
 // commitOne makes the backing tree hold what the layer has at c.path.
 // chmodBeneath sets the mode of the directory p beneath root.
 func chmodBeneath(root int, p string, mode uint32) error {
@@ -1108,9 +1178,13 @@ func commitOne(sp *layerSpace, c staged) error {
 	return copyEntry(sp.upperFD, sp.lowerFD, c.path, c.up, c.low, false)
 }
 
-// Discard drops the staged changes under sel (all without): the layer is
-// made to show what the backing tree holds, through the merged directory
-// (overlayfs keeps no stale entry of a layer changed beneath it).
+// Discard drops the staged changes under sel (all without): their entries
+// go from the layer (a whiteout, a file or directory the session made or
+// copied up; an opaque directory above a backing entry is made
+// transparent first, revealAbove), and the space is mounted again, so the
+// view shows what the backing tree holds there now, and what another
+// writer changes there later. Nothing is copied: a discard never adds to
+// the layer. Run again after a crash, it ends the same.
 func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
@@ -1119,94 +1193,64 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	if err != nil {
 		return res, err
 	}
-	if err := l.roomToPutBack(todo); err != nil {
-		return res, err
-	}
-	var done []string
-	for _, c := range todo {
-		if under1(done, c) {
-			continue // its directory went back whole
-		}
-		sp := l.spaces[c.space]
-		low, err := lowerState(sp.lowerFD, c.path)
-		if err != nil {
-			return res, fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
-		}
-		if err := discardOne(sp, c, low); err != nil {
-			return res, fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
-		}
-		if low.T == "d" || c.up.T == "d" {
-			if !(c.up.T == "d" && low.T == "d") {
-				done = append(done, c.space+c.path)
+	err = l.bySpace(todo, func(sp *layerSpace, mine []staged) error {
+		return l.exclusive(sp, func() error {
+			var done []string
+			for _, c := range mine {
+				if under1(done, c) {
+					continue // its entry went whole
+				}
+				low, err := lowerState(sp.lowerFD, c.path)
+				if err != nil {
+					return fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
+				}
+				whole, err := l.discardOne(sp, c, low)
+				if err != nil {
+					return fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
+				}
+				if whole {
+					done = append(done, c.space+c.path)
+				}
+				res.Discarded++
+				res.Touched = append(res.Touched, Touched{Space: c.space, Path: c.path, Moved: c.up.T == "d" || low.T == "d"})
 			}
-		}
-		res.Discarded++
-		res.Touched = append(res.Touched, Touched{Space: c.space, Path: c.path, Moved: c.up.T == "d" || low.T == "d"})
-	}
+			return nil
+		})
+	})
 	l.mu.Lock()
 	l.recount()
 	l.mu.Unlock()
-	return res, nil
+	return res, err
 }
 
-// roomToPutBack refuses a discard that would take the layer beyond
-// MaxBytes: overlayfs cannot drop a whiteout, so a discard puts back what
-// the session removed by copying it from the backing tree into the layer
-// (a removed directory whole). Without this a session that removed a
-// large tree and discarded held it all, beyond max_bytes, and refused
-// every change of its owner's sessions after. session.close with discard
-// drops the layer without copying.
-func (l *Layer) roomToPutBack(todo []staged) error {
-	var need int64
-	for _, c := range todo {
-		sp := l.spaces[c.space]
-		low, err := lowerState(sp.lowerFD, c.path)
-		if err != nil {
-			return fmt.Errorf("staged: discard %s%s: %w", c.space, c.path, err)
-		}
-		switch {
-		case low.T == "f":
-			need += int64(low.Size)
-		case low.T == "d" && c.up.T != "d":
-			walkBacking(sp.lowerFD, c.path, func(_ string, cur state, err error) bool {
-				if err == nil && cur.T == "f" {
-					need += int64(cur.Size)
-				}
-				return true
-			})
-		}
-		if c.up.T == "f" {
-			need -= int64(c.up.Size) // goes, or is replaced
-		}
-	}
-	if need <= 0 {
-		return nil
-	}
-	held := l.used.Load()
-	if l.opts.Shared != nil && l.opts.Shared.Load() > held {
-		held = l.opts.Shared.Load()
-	}
-	if held+need > l.opts.MaxBytes {
-		return fmt.Errorf("staged: the discard would copy %d bytes back into the layer (it holds %d, max_bytes %d): discard fewer paths, or close the session with discard, which drops the layer: %w",
-			need, held, l.opts.MaxBytes, unix.ENOSPC)
-	}
-	return nil
-}
-
-func discardOne(sp *layerSpace, c staged, low state) error {
+// discardOne drops c from the layer; whole: its entry went with all below
+// it. As the daemon (exclusive).
+func (l *Layer) discardOne(sp *layerSpace, c staged, low state) (whole bool, err error) {
 	if c.up.T == "d" && low.T == "d" {
 		// Its mode changed: what is below it is listed on its own.
-		return unix.Fchmodat(sp.mergedFD, strings.TrimPrefix(c.path, "/"), low.Mode, 0)
+		fd, err := safepath.Beneath(sp.upperFD, c.path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return false, err
+		}
+		defer unix.Close(fd)
+		return false, unix.Fchmod(fd, low.Mode)
 	}
-	if c.up.T != "w" {
-		if err := removeBeneath(sp.mergedFD, c.path); err != nil {
-			return err
+	if low.T != "n" {
+		if err := revealAbove(sp, c.path); err != nil {
+			return false, err
 		}
 	}
-	if low.T == "n" {
-		return nil
+	if err := removeBeneath(sp.upperFD, c.path); err != nil {
+		return false, err
 	}
-	return copyEntry(sp.lowerFD, sp.mergedFD, c.path, low, none, true)
+	l.mu.Lock()
+	err = l.forgetBase(key{c.space, c.path})
+	l.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	pruneAbove(sp, c.path)
+	return true, nil
 }
 
 // Close unmounts the merged directories and keeps the layer (the session

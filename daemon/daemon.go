@@ -461,6 +461,7 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	s.view = v
 	if s.layer != nil {
 		v.SetChanges(s.layer)
+		s.layer.SetRemount(v.Remount)
 	}
 	s.runs = d.runs.Session(r.id, r.owner, v, &s.switchMu)
 	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())

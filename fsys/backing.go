@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,7 +28,10 @@ type backing struct {
 	// its directories are not watched and their entries keep the short
 	// TTL.
 	merged bool
-	fd     int // O_PATH directory fd of the root
+	// gens and curMnt: a merged backing's mounts (remount.go).
+	gens   atomic.Pointer[mergedGens]
+	curMnt atomic.Uint64
+	fd     int // O_PATH directory fd of the root (a merged one's is repointed by Remount)
 	dev    uint64
 	root   unix.Stat_t
 	key    backingKey
@@ -99,14 +103,16 @@ func (b *backing) statName(dirfd int, name string, st *unix.Stat_t) error {
 	if err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &stx); err != nil {
 		return err
 	}
-	if b.key.mnt != 0 && stx.Mask&unix.STATX_MNT_ID != 0 && stx.Mnt_id != b.key.mnt {
+	if b.key.mnt != 0 && stx.Mask&unix.STATX_MNT_ID != 0 && !b.ownMount(stx.Mnt_id) {
 		return unix.EXDEV
 	}
 	if !b.local || stx.Mask&unix.STATX_BASIC_STATS != unix.STATX_BASIC_STATS {
-		return unix.Fstatat(dirfd, name, st, unix.AT_SYMLINK_NOFOLLOW)
+		err := unix.Fstatat(dirfd, name, st, unix.AT_SYMLINK_NOFOLLOW)
+		st.Dev = b.canonDev(st.Dev)
+		return err
 	}
 	*st = unix.Stat_t{
-		Dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), Ino: stx.Ino, Nlink: uint64(stx.Nlink),
+		Dev: b.canonDev(unix.Mkdev(stx.Dev_major, stx.Dev_minor)), Ino: stx.Ino, Nlink: uint64(stx.Nlink),
 		Mode: uint32(stx.Mode), Uid: stx.Uid, Gid: stx.Gid, Rdev: unix.Mkdev(stx.Rdev_major, stx.Rdev_minor),
 		Size: int64(stx.Size), Blksize: int64(stx.Blksize), Blocks: int64(stx.Blocks),
 		Atim: unix.Timespec{Sec: stx.Atime.Sec, Nsec: int64(stx.Atime.Nsec)},
@@ -132,7 +138,7 @@ func (b *backing) ancestorsSearchable() error {
 // another remains: which one is not known, so nothing is assumed).
 func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) {
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err := b.fstat(fd, &st); err != nil {
 		return "", 0, false, false
 	}
 	if st.Nlink == 0 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
@@ -152,6 +158,8 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 		rel = abs
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
 		rel = abs[len(b.real):]
+	case strings.HasPrefix(abs, "/") && b.pastMount(fd):
+		rel = abs // named from the root of a mount the layer had before
 	default:
 		return "", 0, false, false
 	}
@@ -178,7 +186,7 @@ func (b *backing) isAt(rel string, st *unix.Stat_t) bool {
 	}
 	defer unix.Close(fd)
 	var at unix.Stat_t
-	return unix.Fstat(fd, &at) == nil && at.Dev == st.Dev && at.Ino == st.Ino
+	return b.fstat(fd, &at) == nil && at.Dev == st.Dev && at.Ino == st.Ino
 }
 
 // backingSet holds a host's open backing directories, shared by every view
@@ -209,6 +217,8 @@ func (s *backingSet) acquireOver(dir, over string) (*backing, error) {
 			return nil, fmt.Errorf("backing directory %s: %w", over, err)
 		}
 		b.above, b.merged = abs, true
+		b.initGens()
+		b.curMnt.Store(b.key.mnt)
 	}
 	s.mu.Lock()
 	if old, ok := s.m[b.key]; ok {

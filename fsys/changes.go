@@ -274,7 +274,7 @@ func (v *View) restoredFate(dir *fs.Inode, p, name string) entryFate {
 		return entryDropped
 	}
 	var st unix.Stat_t
-	err = unix.Fstat(fd, &st)
+	err = b.fstat(fd, &st)
 	unix.Close(fd)
 	if err != nil || st.Dev != cn.dev || st.Ino != cn.ino {
 		return entryDropped

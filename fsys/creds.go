@@ -163,10 +163,11 @@ func (ts *threadSet) keep(tid int) bool {
 // asCaller is what become did on the current thread; restore ends it. The
 // zero value did nothing.
 type asCaller struct {
-	switched bool       // the thread acts as a caller (not the daemon)
-	back     *credKey   // restore sets these credentials again (a root request on a pinned thread)
-	view     *View      // holds a place among the requests acting (acting.go)
-	threads  *threadSet // where the thread's credentials are recorded
+	switched bool          // the thread acts as a caller (not the daemon)
+	back     *credKey      // restore sets these credentials again (a root request on a pinned thread)
+	view     *View         // holds a place among the requests acting (acting.go)
+	remount  *sync.RWMutex // held shared while the request runs (View.Remount)
+	threads  *threadSet    // where the thread's credentials are recorded
 }
 
 // become admits the request's caller, takes a place among the requests
@@ -187,12 +188,21 @@ func (v *View) become(ctx context.Context) (asCaller, syscall.Errno) {
 		return asCaller{}, syscall.EACCES
 	}
 	v.enterActing()
+	if v.isStaged {
+		v.remountMu.RLock()
+	}
 	a, errno := v.switchTo(c)
 	if errno != 0 {
+		if v.isStaged {
+			v.remountMu.RUnlock()
+		}
 		v.leaveActing()
 		return asCaller{}, errno
 	}
 	a.view, a.threads = v, &v.host.threads
+	if v.isStaged {
+		a.remount = &v.remountMu
+	}
 	return a, 0
 }
 
@@ -280,6 +290,9 @@ func (a asCaller) restore() {
 		if err := setThreadCreds(int(a.back.uid), int(a.back.gid), keyGroups(a.back.groups)); err != nil {
 			panicRestore(err)
 		}
+	}
+	if a.remount != nil {
+		a.remount.RUnlock()
 	}
 	if a.view != nil {
 		a.view.leaveActing()

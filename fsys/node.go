@@ -237,7 +237,7 @@ func (n *node) prepareAt(a asCaller, op opKind, name string, at *listedAt) (t ta
 		return t, errnoOf(err)
 	}
 	t.fd = fd
-	if err := unix.Fstat(fd, &t.st); err != nil {
+	if err := t.b.fstat(fd, &t.st); err != nil {
 		t.close()
 		return t, errnoOf(err)
 	}

@@ -347,7 +347,7 @@ func (n *node) setattrPath(ctx context.Context, in *fuse.SetAttrIn, out *fuse.At
 		return errno
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(t.fd, &st); err != nil {
+	if err := t.b.fstat(t.fd, &st); err != nil {
 		return errnoOf(err)
 	}
 	out.FromStat(toSyscall(&st))

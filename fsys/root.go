@@ -61,7 +61,7 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	b := r.view.spaces.dirs[sp]
 	var st unix.Stat_t
-	if err := unix.Fstat(b.fd, &st); err != nil {
+	if err := b.fstat(b.fd, &st); err != nil {
 		return nil, errnoOf(err)
 	}
 	out.Attr.FromStat(toSyscall(&st))
@@ -115,7 +115,8 @@ func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno
 		d.next++
 		if dec.shows(sp, "/") {
 			var st unix.Stat_t
-			unix.Fstat(d.view.spaces.dirs[sp].fd, &st)
+			b := d.view.spaces.dirs[sp]
+			b.fstat(b.fd, &st)
 			return &fuse.DirEntry{Name: sp.String(), Mode: unix.S_IFDIR, Ino: d.view.stableAttr(&st).Ino, Off: uint64(d.next)}, 0
 		}
 	}

@@ -128,6 +128,10 @@ type View struct {
 	handles handleSet   // open files, for revocation
 	caller  callerState
 	stats   viewStats
+	// remountMu: every operation of a view serving a staged layer holds it
+	// shared (become to restore), Remount exclusively (remount.go).
+	remountMu sync.RWMutex
+	isStaged  bool // fixed once the view is made
 }
 
 // spaces are the backing directories of memories and workspace, in that
@@ -259,6 +263,7 @@ func (h *Host) newView(opts Options) (*View, error) {
 		h.watcher.watchAbove(b)
 	}
 	v.mnt.rootDev = v.spaces.dirs[0].dev
+	v.isStaged = v.staged()
 	if h.hub != nil {
 		v.mnt.hub = h.hub
 		v.mnt.gen = h.hub.NextGen()

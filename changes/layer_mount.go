@@ -1,0 +1,315 @@
+package changes
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/safepath"
+)
+
+// A layer is mounted afresh after every commit and discard (and when the
+// backing tree changes beneath it): overlayfs never looks again at a lower
+// entry it has looked up (ext4 and most filesystems have no revalidation
+// for it to ask), so a mount that has seen a file keeps showing the inode
+// it saw after another writer renames a new file over it, and a directory
+// removed and made again in the backing tree as it was. A new mount over
+// the same upper directory looks everything up again. Each mount has a
+// work directory of its own (work/SPACE/gN): the mount it replaces is
+// detached, not gone, while a descriptor opened on it lives, and two
+// mounts never share one. The work directories of earlier mounts are
+// removed once the new one is up (a copy-up through a descriptor of a
+// detached mount then fails: it never lands in the layer unseen), and all
+// of them when the layer opens.
+
+// mountSpace mounts sp's merged directory with a fresh work directory,
+// after detaching whatever is mounted there, and opens its root.
+func (l *Layer) mountSpace(sp *layerSpace) error {
+	sp.gen++
+	work := filepath.Join(sp.work, "g"+strconv.Itoa(sp.gen))
+	if err := removeLocal(work); err != nil {
+		return fmt.Errorf("staged: %w", err)
+	}
+	if err := safepath.MkdirAll(work, 0o700); err != nil {
+		return fmt.Errorf("staged: %w", err)
+	}
+	if err := unmountUnder(sp.merged); err != nil {
+		return fmt.Errorf("staged: %w", err)
+	}
+	sp.mounted = false
+	opt := "lowerdir=" + sp.lower + ",upperdir=" + sp.upper + ",workdir=" + work +
+		",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
+	if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
+		if err == unix.EPERM {
+			return ErrLayerUnavailable
+		}
+		return fmt.Errorf("staged: mount the layer of %s: %w", sp.name, err)
+	}
+	sp.mounted = true
+	fd, err := safepath.OpenDir(sp.merged)
+	if err != nil {
+		return fmt.Errorf("staged: merged %s: %w", sp.name, err)
+	}
+	if sp.mergedFD >= 0 {
+		unix.Close(sp.mergedFD)
+	}
+	sp.mergedFD = fd
+	l.dropOldWork(sp, work)
+	return nil
+}
+
+// dropOldWork removes the work directories of sp's earlier mounts.
+func (l *Layer) dropOldWork(sp *layerSpace, keep string) {
+	names, _ := os.ReadDir(sp.work)
+	for _, n := range names {
+		if p := filepath.Join(sp.work, n.Name()); p != keep {
+			_ = removeLocal(p) // retried at the next mount, and at open
+		}
+	}
+}
+
+// RemountFunc runs mount with the session's view of space held back (no
+// operation in flight, none started until it returns) and serves the view
+// from the descriptor mount gives (an O_PATH descriptor of the new merged
+// root, which it takes; -1 for none). fsys.View.Remount is one.
+type RemountFunc func(space string, mount func() (int, error)) error
+
+// SetRemount tells the layer how to hold back its view while it changes
+// and mounts a space again (commit, discard, Remount). Without one (no
+// view serves the layer) it does so at once.
+func (l *Layer) SetRemount(f RemountFunc) {
+	l.mu.Lock()
+	l.remountView = f
+	l.mu.Unlock()
+}
+
+// exclusive runs edit on sp's upper directory with the view held back,
+// then mounts sp again and moves the view onto it.
+func (l *Layer) exclusive(sp *layerSpace, edit func() error) error {
+	l.mu.Lock()
+	f := l.remountView
+	l.mu.Unlock()
+	mount := func() (int, error) {
+		var editErr error
+		if edit != nil {
+			editErr = asDaemon(edit)
+		}
+		if err := l.mountSpace(sp); err != nil {
+			return -1, err
+		}
+		fd, err := unix.FcntlInt(uintptr(sp.mergedFD), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		return fd, editErr
+	}
+	if f == nil {
+		fd, err := mount()
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return err
+	}
+	return f(sp.name, mount)
+}
+
+// Remount mounts space's layer again, so that the view shows the backing
+// tree as it is now wherever the layer holds nothing.
+func (l *Layer) Remount(space string) error {
+	sp, ok := l.spaces[space]
+	if !ok {
+		return fmt.Errorf("staged: no space %q", space)
+	}
+	l.commitMu.Lock()
+	defer l.commitMu.Unlock()
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return nil
+	}
+	return l.exclusive(sp, nil)
+}
+
+// whiteout makes p in the upper directory root a whiteout, as overlayfs
+// makes one.
+func whiteout(root int, p string) error {
+	pfd, name, err := openParent(root, p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Mknodat(pfd, name, unix.S_IFCHR, 0); err != nil && err != unix.EEXIST {
+		return err
+	}
+	return nil
+}
+
+func setOpaque(root int, p string, on bool) error {
+	fd, err := safepath.Beneath(root, p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if on {
+		return unix.Fsetxattr(fd, opaqueXattr, []byte("y"), 0)
+	}
+	if err := unix.Fremovexattr(fd, opaqueXattr); err != nil && err != unix.ENODATA {
+		return err
+	}
+	return nil
+}
+
+// revealAbove makes every opaque directory of the layer above p (a path
+// the backing tree has) transparent without changing what the view shows
+// of it: each backing name it hid gets a whiteout (unless the layer holds
+// an entry there), each directory of the layer below it over a backing
+// directory is made opaque in turn, and then its own mark goes. Removing
+// p's entry from the layer then shows the backing's. Run again after a
+// crash it ends the same.
+func revealAbove(sp *layerSpace, p string) error {
+	if p == "/" {
+		return nil
+	}
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	dir := "/"
+	for _, s := range segs[:len(segs)-1] {
+		dir = joinPath(dir, s)
+		if !isOpaque(sp.upperFD, dir) {
+			continue
+		}
+		names, err := listDir(sp.lowerFD, dir)
+		if err == nil {
+			for _, n := range names {
+				q := joinPath(dir, n)
+				var up unix.Stat_t
+				if lstatBeneath(sp.upperFD, q, &up) != nil {
+					if err := whiteout(sp.upperFD, q); err != nil {
+						return err
+					}
+					continue
+				}
+				low, err := lowerState(sp.lowerFD, q)
+				if err != nil {
+					return err
+				}
+				if up.Mode&unix.S_IFMT == unix.S_IFDIR && low.T == "d" {
+					if err := setOpaque(sp.upperFD, q, true); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if err := setOpaque(sp.upperFD, dir, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pruneAbove removes from the layer the directories above p (deepest
+// first) that hold nothing and show what the backing directory there has
+// (its mode and owner; not opaque): a copy-up leaves them, and one left
+// would show its own attributes over the backing's from then on.
+func pruneAbove(sp *layerSpace, p string) { pruneFrom(sp, parentOf(p)) }
+
+// pruneFrom is pruneAbove from the directory dir itself.
+func pruneFrom(sp *layerSpace, dir string) {
+	for ; dir != "/"; dir = parentOf(dir) {
+		names, err := listDir(sp.upperFD, dir)
+		if err != nil || len(names) > 0 || isOpaque(sp.upperFD, dir) {
+			return
+		}
+		up, err := lowerState(sp.upperFD, dir)
+		if err != nil || up.T != "d" {
+			return
+		}
+		low, err := lowerState(sp.lowerFD, dir)
+		if err != nil || low.T != "d" || low.Mode != up.Mode || low.UID != up.UID || low.GID != up.GID {
+			return
+		}
+		pfd, name, err := openParent(sp.upperFD, dir)
+		if err != nil {
+			return
+		}
+		err = unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
+		unix.Close(pfd)
+		if err != nil {
+			return
+		}
+	}
+}
+
+// neutralOpaque: the opaque directory dir of the layer hides nothing the
+// backing tree has (each backing name there has an entry of the layer).
+func neutralOpaque(sp *layerSpace, dir string) bool {
+	names, err := listDir(sp.lowerFD, dir)
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		var st unix.Stat_t
+		if lstatBeneath(sp.upperFD, joinPath(dir, n), &st) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// pruneCommitted removes from the layer what a commit made the backing
+// tree hold (the same entry at the same path), so that the view shows the
+// backing tree there, and what another writer changes there later. A file
+// written in the session since the commit copied it stays. As the daemon
+// (exclusive).
+func (l *Layer) pruneCommitted(sp *layerSpace, done []staged, conflicts []Conflict) error {
+	conflictUnder := func(dir string) bool {
+		for _, c := range conflicts {
+			p := strings.TrimSuffix(c.Path, "/")
+			if c.Space == sp.name && (p == dir || strings.HasPrefix(p, dir+"/")) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range done { // parents first
+		if c.up.T == "d" && isOpaque(sp.upperFD, c.path) && !conflictUnder(c.path) && neutralOpaque(sp, c.path) {
+			if err := setOpaque(sp.upperFD, c.path, false); err != nil {
+				return err
+			}
+		}
+	}
+	for i := len(done) - 1; i >= 0; i-- { // deepest first
+		c := done[i]
+		if c.up.T == "d" {
+			pruneFrom(sp, c.path)
+			continue
+		}
+		up, err := lowerState(sp.upperFD, c.path)
+		if err != nil {
+			return err
+		}
+		low, err := lowerState(sp.lowerFD, c.path)
+		if err != nil {
+			return err
+		}
+		same := up.T == c.up.T && (up.T == "w" || (up.Ino == c.up.Ino && up.Size == c.up.Size && up.Mtime == c.up.Mtime && up.Ctime == c.up.Ctime))
+		if !same && !(up.T != "w" && sameEntry(sp, c.path, up, low)) {
+			continue // written since: still the session's change
+		}
+		if err := removeBeneath(sp.upperFD, c.path); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		err = l.forgetBase(key{c.space, c.path})
+		l.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		pruneAbove(sp, c.path)
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+package fsys
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// A staged view's backing is an overlayfs mount of the session's layer over
+// the backing tree (docs/changes.md, "Staged sessions"). overlayfs never
+// looks again at a lower entry it has looked up, so the layer is mounted
+// afresh (a new overlayfs over the same upper directory) after each commit
+// and discard, and when the backing tree changes beneath it; Remount swaps
+// the view onto the new mount.
+//
+// The backing's root descriptor keeps its number: dup3 points it at the new
+// mount's root, atomically, so an operation resolving beneath it in another
+// thread reaches either the old mount or the new, whole, and a number is
+// never closed under it. Inodes keep their identity across mounts: every
+// mount of the layer has a device of its own, and each is read as the
+// first's (canonDev), so a node (and a process's working directory) looked
+// up before a remount still names its inode after it. What a mount of the
+// layer shows is the upper directory's and the backing tree's, and with
+// the state directory on the backing tree's filesystem overlayfs gives
+// every inode the number it has there, the same in every mount.
+
+// mergedGens are the overlayfs mounts a merged backing's root has stood
+// for: their devices and mount ids, oldest first, at most maxGens.
+type mergedGens struct{ devs, mnts []uint64 }
+
+// maxGens bounds what a backing remembers of its mounts: a descriptor
+// opened more remounts ago than this (by a process that kept it) has a
+// device no longer read as the first's.
+const maxGens = 64
+
+func (b *backing) initGens() {
+	g := &mergedGens{devs: []uint64{b.dev}}
+	if b.key.mnt != 0 {
+		g.mnts = []uint64{b.key.mnt}
+	}
+	b.gens.Store(g)
+}
+
+// canonDev is dev as the view names it: any mount of a merged backing's
+// layer is the first.
+func (b *backing) canonDev(dev uint64) uint64 {
+	if dev == b.dev || !b.merged {
+		return dev
+	}
+	if g := b.gens.Load(); g != nil && slices.Contains(g.devs, dev) {
+		return b.dev
+	}
+	return dev
+}
+
+// ownMount: mnt is a mount of b (any of a merged backing's).
+func (b *backing) ownMount(mnt uint64) bool {
+	if mnt == b.key.mnt {
+		return true
+	}
+	if !b.merged {
+		return false
+	}
+	g := b.gens.Load()
+	return g != nil && slices.Contains(g.mnts, mnt)
+}
+
+// pastMount: fd is on a mount of a merged backing that is no longer its
+// current one (detached by a remount): the kernel names what is on it
+// from that mount's root, which is the space's root.
+func (b *backing) pastMount(fd int) bool {
+	if !b.merged {
+		return false
+	}
+	var stx unix.Statx_t
+	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx) != nil || stx.Mask&unix.STATX_MNT_ID == 0 {
+		return false
+	}
+	return stx.Mnt_id != b.curMnt.Load() && b.ownMount(stx.Mnt_id)
+}
+
+// fstat is unix.Fstat with the device as the view names it.
+func (b *backing) fstat(fd int, st *unix.Stat_t) error {
+	err := unix.Fstat(fd, st)
+	st.Dev = b.canonDev(st.Dev)
+	return err
+}
+
+// swapRoot points b's root descriptor at fd, a new mount's root (fd is
+// closed).
+func (b *backing) swapRoot(fd int) error {
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Ino != b.root.Ino {
+		return fmt.Errorf("the new mount's root is another directory (inode %d, not %d)", st.Ino, b.root.Ino)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		return err
+	}
+	old := b.gens.Load()
+	g := &mergedGens{devs: append(slices.Clone(old.devs), st.Dev), mnts: append(slices.Clone(old.mnts), stx.Mnt_id)}
+	// The first mount's device names every inode: it stays.
+	if len(g.devs) > maxGens {
+		g.devs = append(g.devs[:1], g.devs[len(g.devs)-maxGens+1:]...)
+	}
+	if len(g.mnts) > maxGens {
+		g.mnts = append(g.mnts[:1], g.mnts[len(g.mnts)-maxGens+1:]...)
+	}
+	b.gens.Store(g)
+	if err := unix.Dup3(fd, b.fd, unix.O_CLOEXEC); err != nil {
+		return err
+	}
+	b.curMnt.Store(stx.Mnt_id)
+	return nil
+}
+
+// ErrNotStaged: Remount names a space the view does not serve from a
+// staged layer.
+var ErrNotStaged = errors.New("the space is not served from a staged layer")
+
+// Remount runs mount with every operation of the view held back (none is
+// in flight while it runs, and none starts until it returns), and swaps
+// the space onto the mount it gives (an O_PATH descriptor of the new
+// merged root, taken; -1 for none: the view stays on its mount). mount
+// changes the layer beneath the view and mounts it again: an operation
+// resolved on the old mount never changes the layer after the new one has
+// looked at it. Before Remount returns the kernel keeps nothing of the
+// space from before (every entry expired or dropped, every node's
+// attributes and cached pages), as a switch keeps nothing it changes.
+//
+// A descriptor opened before stays on the mount it was opened on: it reads
+// and writes the inode it opened (a file the remount's edit removed from
+// the layer is one no path names any more).
+func (v *View) Remount(spaceName string, mount func() (int, error)) error {
+	sp, ok := spaceByName(spaceName)
+	if !ok {
+		return fmt.Errorf("remount: no space %q", spaceName)
+	}
+	b := v.spaces.dirs[sp]
+	if v.closed.Load() || b == nil {
+		// Nothing to hold back or swap: the layer still changes.
+		fd, err := mount()
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return err
+	}
+	if !b.merged {
+		return ErrNotStaged
+	}
+	v.remountMu.Lock()
+	fd, err := mount()
+	if fd >= 0 {
+		if serr := b.swapRoot(fd); serr != nil {
+			err = errors.Join(err, serr)
+		}
+	}
+	v.remountMu.Unlock()
+	v.remounted(sp)
+	if err != nil {
+		return fmt.Errorf("remount %s: %w", spaceName, err)
+	}
+	return nil
+}
+
+// remounted drops what the kernel caches of space sp: any entry, listing,
+// attribute or page of it may differ on the new mount.
+func (v *View) remounted(sp space) {
+	if v.closed.Load() {
+		return
+	}
+	v.dropListings(func(n *node, _, _ bool) bool { return n != nil && n.space == sp })
+	top := v.root.EmbeddedInode().GetChild(sp.String())
+	if top == nil {
+		return
+	}
+	below := v.stale()
+	if below != entryExpired {
+		below = entryDropped
+	}
+	v.restoredBelow(top, below)
+	v.notifyFate(v.root.EmbeddedInode(), sp.String(), v.stale())
+}
+
+// staged: the view serves a space from a staged layer; its operations
+// then hold remountMu (become).
+func (v *View) staged() bool {
+	for _, b := range v.spaces.dirs {
+		if b != nil && b.merged {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,109 @@
+package changes
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/condfs/condfs/internal/testenv"
+)
+
+// replaceByRename writes content to p as editors and build tools do: a
+// new file renamed over the old one.
+func replaceByRename(t *testing.T, p, content string) {
+	t.Helper()
+	if err := os.WriteFile(p+".tmp", []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// remakeDir removes the directory p and makes it again holding one file.
+func remakeDir(t *testing.T, p, file, content string) {
+	t.Helper()
+	if err := os.RemoveAll(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(p, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p+"/"+file, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStagedViewShowsFileReplacedInBackingAfterDiscard: overlayfs keeps
+// what it looked up of the backing tree, so a file another writer replaced
+// by rename, and a directory removed and made again, stayed as the staged
+// view had first seen them. A discard mounts the layer afresh: from its
+// answer the view shows the backing tree as it is now, for the paths it
+// discarded and every other.
+func TestStagedViewShowsFileReplacedInBackingAfterDiscard(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
+		t.Fatalf("before: %q", got)
+	}
+	replaceByRename(t, ws+"/a.txt", "renamed over\n")
+	remakeDir(t, ws+"/d", "y.txt", "y\n")
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"workspace/new.txt"}}, nil)
+	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt; ls d; cat d/y.txt; ls`); got != "renamed over\ny.txt\ny\na.txt\nd\ngone.txt\nl" {
+		t.Fatalf("after the discard: %q", got)
+	}
+}
+
+// TestStagedViewShowsFileReplacedInBackingAfterCommit: a commit leaves in
+// the layer nothing it made the backing tree hold, and mounts it afresh:
+// a file the view had looked up before the commit, which another writer
+// replaced by rename, shows its new content from the commit's answer.
+func TestStagedViewShowsFileReplacedInBackingAfterCommit(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt && printf mine > gone.txt`); got != "alpha" {
+		t.Fatalf("before: %q", got)
+	}
+	replaceByRename(t, ws+"/a.txt", "renamed over\n")
+	var res commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &res)
+	if res.Committed != 1 || len(res.Conflicts) != 0 {
+		t.Fatalf("commit: %+v", res)
+	}
+	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt gone.txt`); got != "renamed over\nmine" {
+		t.Fatalf("after the commit: %q", got)
+	}
+	if got, _ := stagedDiff(d, "s"); len(got) != 0 {
+		t.Fatalf("changes left after the commit: %v", got)
+	}
+}
+
+// TestStagedWorkingDirectoryLivesThroughARemount: a process whose working
+// directory is in a staged view keeps it across a discard (the layer is
+// mounted afresh; every inode keeps its identity), and a file it kept open
+// reads what it opened.
+func TestStagedWorkingDirectoryLivesThroughARemount(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	testenv.ShAsNobody(t, mnt+"/workspace", `printf n > new.txt`)
+	cmd := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", `cd "$1" && exec 3<x.txt && read -r line && cat x.txt && pwd && cat <&3`, "sh", mnt+"/workspace/d")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the shell is in d, x.txt open
+	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
+	in.Write([]byte("go\n"))
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the shell across the remount: %v: %s", err, out.String())
+	}
+	if got := strings.TrimSpace(out.String()); got != "x\n"+mnt+"/workspace/d\nx" {
+		t.Fatalf("the shell across the remount: %q", got)
+	}
+}

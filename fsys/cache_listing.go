@@ -308,13 +308,18 @@ func (v *View) hiddenNow(dir *node, name string) bool {
 
 // dropCaches drops every entry and listing the kernel caches for v: any
 // decision may have changed (events were lost, or a directory above a
-// backing root changed). Per entry, each is expired where the kernel can:
-// its next use looks it up and decides it again.
+// backing root changed). Where the kernel can expire entries, every
+// directory's entry is expired (its next use looks it up and decides it
+// again) and every other one dropped, rather than the epoch bumped: an
+// entry the epoch made stale is unhashed at its next use, and a process
+// whose working directory it is has no name until that lookup answers
+// (getcwd(2) fails with ENOENT, and sqlite3, node and prove with it). The
+// epoch is left for kernels that have it and cannot expire.
 func (v *View) dropCaches() {
 	if v.closed.Load() {
 		return
 	}
-	if !v.bumpEpoch(false) {
+	if v.stale() == entryExpired || !v.bumpEpoch(false) {
 		v.invalidateEntries(v.root.EmbeddedInode(), everyEntry(v.stale(), entryDropped))
 	}
 	v.cache.lists.epoch.Add(1)

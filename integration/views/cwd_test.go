@@ -174,13 +174,16 @@ func TestHiddenDirectoryLeavesItsCwdNowhere(t *testing.T) {
 // TestCwdNameHoldsThroughSwitchesWhileOthersWalk: a process asking
 // getcwd(2) again and again in a directory that stays visible never loses
 // its name while the session switches back and forth, or the rules are
-// reloaded again and again, and another process walks the path (which
-// makes the kernel look up again whatever the view left stale): on every
-// invalidation path, getcwd answers the directory's path every time. A
-// switch or reload expires the entries it keeps rather than marking all of
-// them stale, where the kernel can (Linux 6.2 and later): a stale entry is
-// dropped on the next walk, and for that lookup's round trip the directory
-// has no name.
+// reloaded again and again, or a directory above the backing roots changes
+// again and again (the view cannot say which entries that changes, as when
+// events are lost, and drops every cache), and another process walks the
+// path (which makes the kernel look up again whatever the view left
+// stale): on every invalidation path, getcwd answers the directory's path
+// every time. Each expires the entries it keeps rather than marking all of
+// them stale with the epoch, where the kernel can (Linux 6.2 and later): a
+// stale entry is dropped on the next walk, and for that lookup's round
+// trip the directory has no name (so not with CONDFS_INVALIDATION=epoch,
+// which forces the epoch where the kernel could expire).
 func TestCwdNameHoldsThroughSwitchesWhileOthersWalk(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -194,6 +197,12 @@ func TestCwdNameHoldsThroughSwitchesWhileOthersWalk(t *testing.T) {
 			d.SetContext("s", ctx)
 		}},
 		{"reloads", func(d *testenv.Daemon, i int) { d.Call("config.reload", map[string]any{}, nil) }},
+		{"every cache dropped", func(d *testenv.Daemon, i int) {
+			if err := os.Chmod(d.Home.Root, 0o755); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(time.Millisecond)
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) { cwdNameHolds(t, c.change) })
 	}

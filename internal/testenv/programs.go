@@ -1,11 +1,14 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // Program is a program agents run, as a shell script (sh -e) run in a
@@ -18,6 +21,9 @@ type Program struct {
 	// tests are built so), where a cold one costs half a minute.
 	Root   bool
 	Script string
+	// Check checks, in the same directory, what Script left there (in the
+	// backing tree after a commit, say).
+	Check string
 }
 
 // Programs are agents' usual programs: git, npm (an install from a local
@@ -49,6 +55,10 @@ git merge -q feat
 test "$(git log --format=%s | tr '\n' ' ')" = "two one "
 test -z "$(git status --porcelain)"
 git fsck --no-progress >/dev/null
+`, Check: `
+test "$(git log --format=%s | tr '\n' ' ')" = "two one "
+test -z "$(git status --porcelain)"
+git fsck --no-progress >/dev/null
 `},
 	{Name: "npm", Tools: []string{"node", "npm"}, Script: `
 export npm_config_cache="$PWD/.npm" npm_config_update_notifier=false
@@ -59,6 +69,9 @@ npm init -y >/dev/null
 npm install --offline --no-audit --no-fund ../dep/dep-1.0.0.tgz >/dev/null
 test "$(node -e 'console.log(require("dep"))')" = 42
 grep -q '"dep"' package.json package-lock.json
+`, Check: `
+cd app
+test "$(node -e 'console.log(require("dep"))')" = 42
 `},
 	{Name: "go", Tools: []string{"go"}, Root: true, Script: `
 export GOTOOLCHAIN=local GOFLAGS= GOPROXY=off GOWORK=off
@@ -69,11 +82,16 @@ go build -race -o ex .
 test "$(./ex 2>&1)" = 3
 go test -race -count=1 . >/dev/null
 go vet .
+`, Check: `
+test "$(./ex 2>&1)" = 3
 `},
 	{Name: "venv", Tools: []string{"python3"}, Script: `
 python3 -m venv --copies --without-pip v
 test "$(v/bin/python3 -c 'import sys; print(sys.prefix != sys.base_prefix)')" = True
 v/bin/python3 -c 'import json, sqlite3; open("out.json", "w").write(json.dumps([1]))'
+test "$(cat out.json)" = "[1]"
+`, Check: `
+test "$(v/bin/python3 -c 'import sys; print(sys.prefix != sys.base_prefix)')" = True
 test "$(cat out.json)" = "[1]"
 `},
 	{Name: "sqlite3", Tools: []string{"sqlite3", "seq", "sed"}, Script: `
@@ -86,6 +104,9 @@ test "$(sqlite3 db 'PRAGMA journal_mode=WAL; CREATE TABLE t(a INTEGER, b TEXT);'
 ) & r=$!
 { echo 'BEGIN;'; seq 10000 | sed 's/.*/INSERT INTO t VALUES(&, "row &");/'; echo 'COMMIT;'; } | sqlite3 -cmd '.timeout 10000' db
 wait $r
+test "$(sqlite3 db 'SELECT count(*), sum(a) FROM t')" = "10000|50005000"
+test "$(sqlite3 db 'PRAGMA integrity_check')" = ok
+`, Check: `
 test "$(sqlite3 db 'SELECT count(*), sum(a) FROM t')" = "10000|50005000"
 test "$(sqlite3 db 'PRAGMA integrity_check')" = ok
 `},
@@ -108,6 +129,9 @@ make -s clean
 test ! -e prog
 make -s -j2
 ./prog
+`, Check: `
+./prog
+make -q prog
 `},
 	{Name: "prove", Tools: []string{"prove", "perl"}, Script: `
 mkdir t
@@ -115,6 +139,8 @@ printf 'use Test::More tests => 2;\nok(1, "one");\nis(1 + 1, 2, "two");\n' > t/a
 printf 'use Test::More tests => 1;\nuse Cwd;\nopen(my $f, ">", "b.out") or die;\nprint $f "b\\n";\nclose $f;\nis(-s "b.out", 2, "written in " . getcwd());\n' > t/b.t
 prove -Q t/ >/dev/null
 prove -j2 -Q t/ >/dev/null
+`, Check: `
+prove -Q t/ >/dev/null
 `},
 }
 
@@ -147,13 +173,20 @@ func (p Program) Missing() string {
 }
 
 // Command is p's script run in dir (made first, by its uid) as its uid.
-func (p Program) Command(t *testing.T, dir string) *exec.Cmd {
-	t.Helper()
+func (p Program) Command(dir string) *exec.Cmd {
+	return p.command(dir, "mkdir -p \"$1\" && cd \"$1\"\nset -e\n"+p.Script)
+}
+
+// CheckCommand is p's check run in dir as its uid.
+func (p Program) CheckCommand(dir string) *exec.Cmd {
+	return p.command(dir, "cd \"$1\"\nset -e\n"+p.Check)
+}
+
+func (p Program) command(dir, script string) *exec.Cmd {
 	uid := Nobody
 	if p.Root {
 		uid = 0
 	}
-	script := "mkdir -p \"$1\" && cd \"$1\"\nset -e\n" + p.Script
 	cmd := CommandAs(uid, "/bin/sh", "-c", script, "sh", dir)
 	if p.Root {
 		// root's own environment: its go build cache, warm.
@@ -162,4 +195,68 @@ func (p Program) Command(t *testing.T, dir string) *exec.Cmd {
 		cmd.Env = []string{"PATH=" + ProgramPath(), "HOME=" + dir, "LANG=C", "TMPDIR=" + os.TempDir()}
 	}
 	return cmd
+}
+
+// RunPrograms runs progs all at once, each by Command in dir(p), and calls
+// change with 0, 1, 2, ... (every 20 ms) until all are done. A program whose
+// tool is missing is not run (an error in CI, where .ci/run installs them
+// all). It reports each program that failed and returns those that
+// succeeded.
+func RunPrograms(t *testing.T, progs []Program, dir func(p Program) string, change func(i int)) []Program {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok []Program
+	failed := map[string]string{}
+	for _, p := range progs {
+		if tool := p.Missing(); tool != "" {
+			if os.Getenv("CI") != "" {
+				t.Errorf("%s: %s is not installed", p.Name, tool)
+			} else {
+				t.Logf("%s not run: %s is not installed", p.Name, tool)
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			out, err := p.Command(dir(p)).CombinedOutput()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed[p.Name] = fmt.Sprintf("%v in %v:\n%s", err, time.Since(start).Round(time.Millisecond), Tail(string(out), 30))
+			} else {
+				ok = append(ok, p)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	i := 0
+	for running := true; running; i++ {
+		select {
+		case <-done:
+			running = false
+		case <-time.After(20 * time.Millisecond):
+		}
+		if change != nil {
+			change(i)
+		}
+	}
+	t.Logf("%d programs ran over %d changes", len(progs), i)
+	for name, res := range failed {
+		t.Errorf("%s failed: %s", name, res)
+	}
+	return ok
+}
+
+// CheckPrograms runs each program's Check in dir(p).
+func CheckPrograms(t *testing.T, progs []Program, dir func(p Program) string) {
+	t.Helper()
+	for _, p := range progs {
+		if out, err := p.CheckCommand(dir(p)).CombinedOutput(); err != nil {
+			t.Errorf("%s's check in %s: %v\n%s", p.Name, dir(p), err, Tail(string(out), 30))
+		}
+	}
 }

@@ -172,8 +172,13 @@ func (p Program) Missing() string {
 	return ""
 }
 
-// Command is p's script run in dir (made first, by its uid) as its uid.
+// Command is p's script run in dir as its uid. dir is made first, by uid
+// 65534 (the sessions' owner, which a staged session's commit writes as).
 func (p Program) Command(dir string) *exec.Cmd {
+	if p.Root {
+		// An error shows in the script's cd.
+		CommandAs(Nobody, "mkdir", "-p", dir).Run()
+	}
 	return p.command(dir, "mkdir -p \"$1\" && cd \"$1\"\nset -e\n"+p.Script)
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/condfs/condfs/internal/testenv"
@@ -40,7 +41,10 @@ func TestAgentProgramsWorkStaged(t *testing.T) {
 	in := func(root, dir string) func(p testenv.Program) string {
 		return func(p testenv.Program) string { return root + "/" + dir + "/" + p.Name }
 	}
-	ran := testenv.RunPrograms(t, testenv.Programs, in(ws, "proj"), func(i int) {
+	command := func(dir func(p testenv.Program) string) func(p testenv.Program) *exec.Cmd {
+		return func(p testenv.Program) *exec.Cmd { return p.Command(dir(p)) }
+	}
+	ran := testenv.RunPrograms(t, testenv.Programs, command(in(ws, "proj")), func(i int) {
 		switch i % 3 {
 		case 0:
 			d.SetContext("s", ctxB)
@@ -72,7 +76,7 @@ func TestAgentProgramsWorkStaged(t *testing.T) {
 			again = append(again, p)
 		}
 	}
-	testenv.RunPrograms(t, again, in(ws, "again"), nil)
+	testenv.RunPrograms(t, again, command(in(ws, "again")), nil)
 	if got := testenv.ShAsNobody(t, ws, "ls"); got != "again\nproj" {
 		t.Fatalf("the staged view after the second run: %q", got)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -82,7 +83,7 @@ func programsAcrossChanges(t *testing.T, dropAll bool, flags ...string) {
 	// Switches and reloads until every program is done, each checked to
 	// be in force when it answers.
 	extra := false
-	ran := testenv.RunPrograms(t, testenv.Programs, dir, func(i int) {
+	ran := testenv.RunPrograms(t, testenv.Programs, func(p testenv.Program) *exec.Cmd { return p.Command(dir(p)) }, func(i int) {
 		switch i % 3 {
 		case 0, 1:
 			ctx, secret := programCtxB, false

@@ -202,12 +202,24 @@ func (p Program) command(dir, script string) *exec.Cmd {
 	return cmd
 }
 
-// RunPrograms runs progs all at once, each by Command in dir(p), and calls
+// RunBinaries are what the programs git, sqlite3 and prove run in condfs
+// run (a [sandbox] binaries list).
+const RunBinaries = `["/bin/sh", "/usr/bin/git", "/usr/lib/git-core/", "/usr/bin/sqlite3", "/usr/bin/prove", "/usr/bin/perl",
+	"/usr/bin/cat", "/usr/bin/tr", "/usr/bin/grep", "/usr/bin/mkdir", "/usr/bin/seq", "/usr/bin/sed"]`
+
+// RunArgs are condfs run's arguments that run p's script in dir, a path
+// of the run's view (/workspace/...), made first.
+func (p Program) RunArgs(dir string) []string {
+	return []string{"--cwd", "/workspace", "--timeout", "300s", "--env", "HOME=" + dir, "--env", "PATH=/usr/bin:/bin", "--",
+		"/bin/sh", "-c", "mkdir -p \"$1\" && cd \"$1\"\nset -e\n" + p.Script, "sh", dir}
+}
+
+// RunPrograms runs progs all at once, each by command(p), and calls
 // change with 0, 1, 2, ... (every 20 ms) until all are done. A program whose
 // tool is missing is not run (an error in CI, where .ci/run installs them
 // all). It reports each program that failed and returns those that
 // succeeded.
-func RunPrograms(t *testing.T, progs []Program, dir func(p Program) string, change func(i int)) []Program {
+func RunPrograms(t *testing.T, progs []Program, command func(p Program) *exec.Cmd, change func(i int)) []Program {
 	t.Helper()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -226,7 +238,7 @@ func RunPrograms(t *testing.T, progs []Program, dir func(p Program) string, chan
 		go func() {
 			defer wg.Done()
 			start := time.Now()
-			out, err := p.Command(dir(p)).CombinedOutput()
+			out, err := command(p).CombinedOutput()
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -46,11 +46,12 @@ var (
 // program working there), while every switch and reload hides and shows
 // the paths its decision changes at once. A switch to a context that hides
 // the directory makes it vanish; the next one gives back what the programs
-// left. On each invalidation path: the shared connection, a connection per
-// session (a daemon that is not root), and every cache dropped between the
-// changes (a directory above the backing roots changing, as when the
-// watch's events are lost; TestCwdNameHoldsThroughSwitchesWhileOthersWalk
-// holds the name of a program's working directory there).
+// left. On each invalidation path: the shared connection, and a
+// connection per session (a daemon that is not root) whose every cache is
+// also dropped between the changes (a directory above the backing roots
+// changing, as when the watch's events are lost;
+// TestCwdNameHoldsThroughSwitchesWhileOthersWalk holds the name of a
+// program's working directory there).
 func TestAgentProgramsWorkAcrossSwitchesAndReloads(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -58,8 +59,7 @@ func TestAgentProgramsWorkAcrossSwitchesAndReloads(t *testing.T) {
 		flags   []string
 	}{
 		{"shared connection", false, nil},
-		{"connection per session", false, []string{"--connections=per-session"}},
-		{"every cache dropped", true, nil},
+		{"connection per session, every cache dropped", true, []string{"--connections=per-session"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

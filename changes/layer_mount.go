@@ -1,6 +1,7 @@
 package changes
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -72,11 +73,12 @@ func (l *Layer) dropOldWork(sp *layerSpace, keep string) {
 	}
 }
 
-// RemountFunc runs mount with the session's view of space held back (no
-// operation in flight, none started until it returns) and serves the view
-// from the descriptor mount gives (an O_PATH descriptor of the new merged
-// root, which it takes; -1 for none). fsys.View.Remount is one.
-type RemountFunc func(space string, mount func() (int, error)) error
+// RemountFunc runs mount with the session's view of spaces held back (no
+// operation in flight, none started until it returns) and serves each
+// space from the descriptor mount gives for it (an O_PATH descriptor of
+// its new merged root, which it takes; none or -1: it stays).
+// fsys.View.RemountSpaces is one.
+type RemountFunc func(spaces []string, mount func() (map[string]int, error)) error
 
 // SetRemount tells the layer how to hold back its view while it changes
 // and mounts a space again (commit, discard, Remount). Without one (no
@@ -90,31 +92,46 @@ func (l *Layer) SetRemount(f RemountFunc) {
 // exclusive runs edit on sp's upper directory with the view held back,
 // then mounts sp again and moves the view onto it.
 func (l *Layer) exclusive(sp *layerSpace, edit func() error) error {
+	return l.exclusiveAll([]*layerSpace{sp}, edit)
+}
+
+// exclusiveAll is exclusive of several spaces under one hold of the view.
+func (l *Layer) exclusiveAll(sps []*layerSpace, edit func() error) error {
 	l.mu.Lock()
 	f := l.remountView
 	l.mu.Unlock()
-	mount := func() (int, error) {
-		var editErr error
+	names := make([]string, len(sps))
+	for i, sp := range sps {
+		names[i] = sp.name
+	}
+	mount := func() (map[string]int, error) {
+		errs := []error{nil}
 		if edit != nil {
-			editErr = asDaemon(edit)
+			errs[0] = asDaemon(edit)
 		}
-		if err := l.mountSpace(sp); err != nil {
-			return -1, err
+		fds := map[string]int{}
+		for _, sp := range sps {
+			if err := l.mountSpace(sp); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fd, err := unix.FcntlInt(uintptr(sp.mergedFD), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fds[sp.name] = fd
 		}
-		fd, err := unix.FcntlInt(uintptr(sp.mergedFD), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			return -1, err
-		}
-		return fd, editErr
+		return fds, errors.Join(errs...)
 	}
 	if f == nil {
-		fd, err := mount()
-		if fd >= 0 {
+		fds, err := mount()
+		for _, fd := range fds {
 			unix.Close(fd)
 		}
 		return err
 	}
-	return f(sp.name, mount)
+	return f(names, mount)
 }
 
 // Remount mounts space's layer again, so that the view shows the backing

@@ -133,10 +133,10 @@ func (d *Daemon) mayClose(s *session, discard bool) *control.Error {
 // leftover store (an earlier session of that id the daemon did not bring
 // back) is removed.
 func (d *Daemon) openChanges(s *session, restored bool) {
-	if d.cfg.StateDir == "" || s.view == nil || s.layer != nil {
+	if d.cfg.StateDir == "" || s.view == nil {
 		return
 	}
-	dir := d.changesDir(s)
+	dir := d.storeDir(s)
 	if _, err := os.Lstat(dir); err != nil {
 		return
 	}
@@ -155,6 +155,15 @@ func (d *Daemon) changesDir(s *session) string {
 	return filepath.Join(d.cfg.StateDir, "changes", s.id)
 }
 
+// storeDir is where s's checkpoints are kept: a staged session's beside
+// its layer (removed with it).
+func (d *Daemon) storeDir(s *session) string {
+	if s.layer != nil {
+		return filepath.Join(d.changesDir(s), "checkpoints")
+	}
+	return d.changesDir(s)
+}
+
 // storeOf is s's undo store, opened now when open is set and it has none
 // (its first checkpoint); nil without open when it has none.
 func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error) {
@@ -169,9 +178,6 @@ func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error)
 	if s.changesClosed {
 		return nil, control.Errorf(control.CodeUnknownSession, "session %q is closing", s.id)
 	}
-	if s.layer != nil {
-		return nil, control.Errorf(control.CodeInvalidParams, "session %q is staged: it keeps no checkpoints (its changes are held back until changes.commit; changes.discard undoes them)", s.id)
-	}
 	if d.cfg.StateDir == "" || s.view == nil {
 		return nil, control.Errorf(control.CodeInternal, "session %q keeps no checkpoints: the daemon has no state directory (--state-dir)", s.id)
 	}
@@ -183,11 +189,14 @@ func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error)
 	if d.cfg.Workspace != "" {
 		roots["workspace"] = d.cfg.Workspace
 	}
-	dir := d.changesDir(s)
+	if s.layer != nil {
+		roots = s.layer.Uppers()
+	}
+	dir := d.storeDir(s)
 	_, statErr := os.Lstat(dir)
 	id, atoms := s.id, s.view.Context
 	st, err := changes.Open(changes.Options{
-		Dir: dir, Fresh: statErr != nil, Roots: roots,
+		Dir: dir, Fresh: statErr != nil, Roots: roots, Layer: s.layer != nil,
 		MaxBytes: cfg.MaxBytes(), MaxCheckpoints: cfg.MaxCheckpoints(), Owner: ownerOf(s.view.Owner()),
 		Shared: d.heldBy(s.view.Owner()),
 		OnLimit: func(space, path string) {
@@ -200,7 +209,11 @@ func (d *Daemon) storeOf(s *session, open bool) (*changes.Store, *control.Error)
 		d.log.Error("session changes: no checkpoints for this session", "session", s.id, "err", err)
 		return nil, control.Errorf(control.CodeInternal, "session %q: its checkpoint store cannot be opened (see the daemon's log)", s.id)
 	}
-	s.view.SetChanges(st)
+	if s.layer != nil {
+		s.view.SetChanges(changes.LayerRecorder{Layer: s.layer, Store: st})
+	} else {
+		s.view.SetChanges(st)
+	}
 	s.changes.Store(st)
 	return st, nil
 }
@@ -238,7 +251,11 @@ func (d *Daemon) closeChanges(s *session, remove bool) {
 	if st == nil {
 		return
 	}
-	s.view.SetChanges(nil)
+	if s.layer != nil {
+		s.view.SetChanges(changes.LayerRecorder{Layer: s.layer})
+	} else {
+		s.view.SetChanges(nil)
+	}
 	var err error
 	if remove {
 		err = st.Remove()
@@ -350,7 +367,18 @@ func (d *Daemon) mCheckpointRollback(ctx context.Context, params json.RawMessage
 	if st == nil {
 		return nil, changesError(fmt.Errorf("checkpoint %q: %w", p.Checkpoint, changes.ErrUnknownCheckpoint))
 	}
-	res, err := st.Rollback(p.Checkpoint, p.Force)
+	var res changes.Result
+	var err error
+	if s.layer != nil {
+		// The layer is rolled back with nothing mounted over it.
+		err = s.layer.Rewrite(func() error {
+			var rerr error
+			res, rerr = st.Rollback(p.Checkpoint, p.Force)
+			return rerr
+		})
+	} else {
+		res, err = st.Rollback(p.Checkpoint, p.Force)
+	}
 	restoredInView(s, res.Touched)
 	if err != nil && res.Restored == 0 && len(res.Conflicts) == 0 {
 		return nil, changesError(err)
@@ -409,7 +437,7 @@ func (d *Daemon) mChangesDiff(ctx context.Context, params json.RawMessage) (any,
 	}
 	if s.layer != nil {
 		if p.Since != "" {
-			return nil, changesError(fmt.Errorf("checkpoint %q: %w (a staged session keeps none: its diff is since it opened)", p.Since, changes.ErrUnknownCheckpoint))
+			return nil, control.Errorf(control.CodeInvalidParams, "since %q: a staged session's diff is of what it holds back, since it opened (since is for direct sessions; checkpoint.rollback gives its layer back as it was)", p.Since)
 		}
 		list, hidden, err := s.layer.Diff(p.Content, d.visibleTo(s))
 		if err != nil {
@@ -510,6 +538,9 @@ func (d *Daemon) mChangesCommit(ctx context.Context, params json.RawMessage) (an
 	}
 	res, err := s.layer.Commit(sel, p.Force)
 	restoredInView(s, res.Touched)
+	if res.Committed > 0 {
+		d.dropCheckpoints(s, "commit")
+	}
 	if err != nil && res.Committed == 0 && len(res.Conflicts) == 0 {
 		return nil, stagedError(err)
 	}
@@ -543,6 +574,9 @@ func (d *Daemon) mChangesDiscard(ctx context.Context, params json.RawMessage) (a
 	}
 	res, err := s.layer.Discard(sel)
 	restoredInView(s, res.Touched)
+	if res.Discarded > 0 {
+		d.dropCheckpoints(s, "discard")
+	}
 	if err != nil && res.Discarded == 0 {
 		return nil, stagedError(err)
 	}
@@ -555,10 +589,42 @@ func (d *Daemon) mChangesDiscard(ctx context.Context, params json.RawMessage) (a
 	return res, nil
 }
 
+// dropCheckpoints drops a staged session's checkpoints after a commit or
+// discard changed its layer: none could be rolled back to any more.
+func (d *Daemon) dropCheckpoints(s *session, why string) {
+	st := s.changes.Load()
+	if st == nil {
+		return
+	}
+	dropped, err := st.Drop()
+	if err != nil {
+		// None may be rolled back to over a layer changed since: the
+		// store goes; the next checkpoint.create opens a new one.
+		d.log.Error("staged session: its checkpoints could not be dropped; removed", "session", s.id, "err", err)
+		s.changesMu.Lock()
+		if s.changes.CompareAndSwap(st, nil) {
+			s.view.SetChanges(changes.LayerRecorder{Layer: s.layer})
+			st.Remove()
+		}
+		s.changesMu.Unlock()
+		return
+	}
+	atoms := s.view.Context().Atoms()
+	for _, c := range dropped {
+		d.metrics.Change("dropped", 1)
+		d.audit.Info("changes", "kind", "changes", "session", s.id, "atoms", atoms, "op", "dropped", "checkpoint", c.ID,
+			"name", c.Name, "changes", c.Changes, "reason", why)
+	}
+}
+
 // changesUse is what status shows of a session's store.
 func changesUse(s *session) *changes.Use {
 	if s.layer != nil {
 		u := s.layer.Use()
+		if st := s.changes.Load(); st != nil {
+			cu := st.Use()
+			u.Checkpoints, u.Bytes = cu.Checkpoints, u.Bytes+cu.Bytes
+		}
 		return &u
 	}
 	st := s.changes.Load()

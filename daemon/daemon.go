@@ -460,8 +460,8 @@ func (d *Daemon) OpenSession(r openRequest) (*fsys.View, *control.Error) {
 	s := d.sessions[r.id]
 	s.view = v
 	if s.layer != nil {
-		v.SetChanges(s.layer)
-		s.layer.SetRemount(v.Remount)
+		v.SetChanges(changes.LayerRecorder{Layer: s.layer})
+		s.layer.SetRemount(v.RemountSpaces)
 	}
 	s.runs = d.runs.Session(r.id, r.owner, v, &s.switchMu)
 	d.log.Info("session opened", "session", r.id, "mount", mount, "owner", r.owner, "atoms", r.atoms.Atoms())

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -138,35 +139,76 @@ var ErrNotStaged = errors.New("the space is not served from a staged layer")
 // and writes the inode it opened (a file the remount's edit removed from
 // the layer is one no path names any more).
 func (v *View) Remount(spaceName string, mount func() (int, error)) error {
-	sp, ok := spaceByName(spaceName)
-	if !ok {
-		return fmt.Errorf("remount: no space %q", spaceName)
-	}
-	b := v.spaces.dirs[sp]
-	if v.closed.Load() || b == nil {
-		// Nothing to hold back or swap: the layer still changes.
+	return v.RemountSpaces([]string{spaceName}, func() (map[string]int, error) {
 		fd, err := mount()
-		if fd >= 0 {
-			unix.Close(fd)
+		return map[string]int{spaceName: fd}, err
+	})
+}
+
+// RemountSpaces is Remount of several spaces under one hold of the view:
+// mount gives each space's new root (a space it leaves out, or gives -1,
+// stays on its mount). A change of the layer that spans spaces (a
+// rollback) is never seen half made.
+func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error)) error {
+	sps := make([]space, len(names))
+	for i, n := range names {
+		sp, ok := spaceByName(n)
+		if !ok {
+			return fmt.Errorf("remount: no space %q", n)
 		}
+		sps[i] = sp
+	}
+	served := false
+	for _, sp := range sps {
+		if b := v.spaces.dirs[sp]; b != nil {
+			if !b.merged {
+				return ErrNotStaged
+			}
+			served = true
+		}
+	}
+	if v.closed.Load() || !served {
+		// Nothing to hold back or swap: the layer still changes.
+		fds, err := mount()
+		closeFDs(fds)
 		return err
 	}
-	if !b.merged {
-		return ErrNotStaged
-	}
 	v.remountMu.Lock()
-	fd, err := mount()
-	if fd >= 0 {
+	fds, err := mount()
+	for i, n := range names {
+		fd, ok := fds[n]
+		if !ok || fd < 0 {
+			continue
+		}
+		delete(fds, n)
+		b := v.spaces.dirs[sps[i]]
+		if b == nil {
+			unix.Close(fd)
+			continue
+		}
 		if serr := b.swapRoot(fd); serr != nil {
 			err = errors.Join(err, serr)
 		}
 	}
+	closeFDs(fds) // spaces it was not asked for
 	v.remountMu.Unlock()
-	v.remounted(sp)
+	for _, sp := range sps {
+		if v.spaces.dirs[sp] != nil {
+			v.remounted(sp)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("remount %s: %w", spaceName, err)
+		return fmt.Errorf("remount %s: %w", strings.Join(names, ", "), err)
 	}
 	return nil
+}
+
+func closeFDs(fds map[string]int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
 // remounted drops what the kernel caches of space sp: any entry, listing,

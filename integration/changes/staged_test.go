@@ -293,8 +293,8 @@ func TestStagedBadInputsChangeNothing(t *testing.T) {
 		d.CallErr("changes.discard", map[string]any{"session": "s", "paths": paths}, control.CodeInvalidParams)
 	}
 	d.CallErr("changes.commit", map[string]any{"session": "nope"}, control.CodeUnknownSession)
-	d.CallErr("checkpoint.create", map[string]any{"session": "s"}, control.CodeInvalidParams)
-	d.CallErr("changes.diff", map[string]any{"session": "s", "since": "1"}, control.CodeUnknownCheckpoint)
+	d.CallErr("checkpoint.rollback", map[string]any{"session": "s", "checkpoint": "9"}, control.CodeUnknownCheckpoint)
+	d.CallErr("changes.diff", map[string]any{"session": "s", "since": "1"}, control.CodeInvalidParams)
 	d.CallErr("session.open", map[string]any{"id": "x", "mount": d.Home.Path("mnt/x"), "context": testenv.DM, "changes": "later"}, control.CodeInvalidParams)
 	sameBacking(t, "the backing tree after bad inputs", start, testenv.BackingTree(t, ws))
 	if got, _ := stagedDiff(d, "s"); strings.Join(got, ",") != "A workspace/n.txt" {

@@ -43,47 +43,54 @@ func checkpointNames(d *testenv.Daemon, session string) []string {
 // tool_use_id, before it lets a call that can write through; rolling back
 // to it undoes what the call then did through the view. A read-only call
 // makes none. The hook runs as the session's owner, as Claude Code would.
+// In a staged session the same holds of what the session holds back.
 func TestHookCheckpointMakesEachToolCallUndoable(t *testing.T) {
-	d, mnt := testenv.RunHomeFiles(t, testenv.ChangesRules, func(h *testenv.Home) {
+	d, direct := testenv.RunHomeFiles(t, testenv.ChangesRules, func(h *testenv.Home) {
 		h.Write("config/policy.yaml", stepsPolicy)
 		h.Write("workspace/a.txt", "before\n")
 		os.Lchown(h.Path("workspace/a.txt"), testenv.Nobody, testenv.Nobody)
 	})
-	file := mnt + "/workspace/a.txt"
-	hook := func(tool, useID string) string {
-		t.Helper()
-		in, _ := json.Marshal(map[string]any{
-			"hook_event_name": "PreToolUse", "cwd": mnt + "/workspace", "tool_name": tool, "tool_use_id": useID,
-			"tool_input": map[string]any{"file_path": file, "content": "after\n"},
+	staged := d.Home.Path("mnt/st")
+	d.Call("session.open", map[string]any{"id": "st", "mount": staged, "context": testenv.DM, "owner": testenv.Nobody, "changes": "staged"}, nil)
+	for _, c := range []struct{ session, mnt string }{{"s", direct}, {"st", staged}} {
+		t.Run(c.session, func(t *testing.T) {
+			file := c.mnt + "/workspace/a.txt"
+			hook := func(tool, useID string) string {
+				t.Helper()
+				in, _ := json.Marshal(map[string]any{
+					"hook_event_name": "PreToolUse", "cwd": c.mnt + "/workspace", "tool_name": tool, "tool_use_id": useID,
+					"tool_input": map[string]any{"file_path": file, "content": "after\n"},
+				})
+				cmd := testenv.CommandAs(testenv.Nobody,
+					testenv.Condfs(), "hook", "claude-code", "--socket", d.Socket, "--session", c.session, "--checkpoint")
+				cmd.Stdin = strings.NewReader(string(in))
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("hook: %v: %s", err, out)
+				}
+				return string(out)
+			}
+			if out := hook("Read", "toolu_read1"); !strings.Contains(out, `"permissionDecision":"allow"`) {
+				t.Fatalf("Read: %s", out)
+			}
+			if got := checkpointNames(d, c.session); len(got) != 0 {
+				t.Fatalf("a read-only call made checkpoints %q", got)
+			}
+			if out := hook("Write", "toolu_01Write"); !strings.Contains(out, `"permissionDecision":"allow"`) {
+				t.Fatalf("Write: %s", out)
+			}
+			// Claude Code runs the call: its write goes through the view.
+			testenv.ShAsNobody(t, c.mnt+"/workspace", `printf 'after\n' > a.txt && printf new > b.txt`)
+			if got := checkpointNames(d, c.session); len(got) != 1 || got[0] != "toolu_01Write" {
+				t.Fatalf("checkpoints after a Write: %q", got)
+			}
+			if r := testenv.Rollback(d, c.session, "toolu_01Write", false); len(r.Conflicts) != 0 {
+				t.Fatalf("rollback: %+v", r.Conflicts)
+			}
+			if got := testenv.ShAsNobody(t, c.mnt+"/workspace", "cat a.txt; ls"); got != "before\na.txt\nw.txt" {
+				t.Fatalf("the view after undoing the call: %q", got)
+			}
 		})
-		cmd := testenv.CommandAs(testenv.Nobody,
-			testenv.Condfs(), "hook", "claude-code", "--socket", d.Socket, "--session", "s", "--checkpoint")
-		cmd.Stdin = strings.NewReader(string(in))
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("hook: %v: %s", err, out)
-		}
-		return string(out)
-	}
-	if out := hook("Read", "toolu_read1"); !strings.Contains(out, `"permissionDecision":"allow"`) {
-		t.Fatalf("Read: %s", out)
-	}
-	if got := checkpointNames(d, "s"); len(got) != 0 {
-		t.Fatalf("a read-only call made checkpoints %q", got)
-	}
-	if out := hook("Write", "toolu_01Write"); !strings.Contains(out, `"permissionDecision":"allow"`) {
-		t.Fatalf("Write: %s", out)
-	}
-	// Claude Code runs the call: its write goes through the view.
-	testenv.ShAsNobody(t, mnt+"/workspace", `printf 'after\n' > a.txt && printf new > b.txt`)
-	if got := checkpointNames(d, "s"); len(got) != 1 || got[0] != "toolu_01Write" {
-		t.Fatalf("checkpoints after a Write: %q", got)
-	}
-	if r := testenv.Rollback(d, "s", "toolu_01Write", false); len(r.Conflicts) != 0 {
-		t.Fatalf("rollback: %+v", r.Conflicts)
-	}
-	if got := testenv.ShAsNobody(t, mnt+"/workspace", "cat a.txt; ls"); got != "before\na.txt\nw.txt" {
-		t.Fatalf("the view after undoing the call: %q", got)
 	}
 }
 

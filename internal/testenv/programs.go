@@ -86,7 +86,9 @@ go vet .
 test "$(./ex 2>&1)" = 3
 `},
 	{Name: "venv", Tools: []string{"python3"}, Script: `
-python3 -m venv --copies --without-pip v
+# The view refuses v/bin/python3's link to /usr/bin/python3 (absolute):
+# venv warns and copies it.
+python3 -m venv --without-pip v 2>/dev/null
 test "$(v/bin/python3 -c 'import sys; print(sys.prefix != sys.base_prefix)')" = True
 v/bin/python3 -c 'import json, sqlite3; open("out.json", "w").write(json.dumps([1]))'
 test "$(cat out.json)" = "[1]"

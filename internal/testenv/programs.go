@@ -63,7 +63,9 @@ git fsck --no-progress >/dev/null
 	{Name: "npm", Tools: []string{"node", "npm"}, Script: `
 export npm_config_cache="$PWD/.npm" npm_config_update_notifier=false
 mkdir dep app
-(cd dep && npm init -y >/dev/null && echo 'module.exports = 42;' > index.js && npm pack --silent >/dev/null)
+printf '{"name": "dep", "version": "1.0.0", "main": "index.js"}\n' > dep/package.json
+echo 'module.exports = 42;' > dep/index.js
+(cd dep && npm pack --silent >/dev/null)
 cd app
 npm init -y >/dev/null
 npm install --offline --no-audit --no-fund ../dep/dep-1.0.0.tgz >/dev/null
@@ -81,7 +83,6 @@ printf 'package main\n\nimport "testing"\n\nfunc TestAdd(t *testing.T) {\n\tif a
 go build -race -o ex .
 test "$(./ex 2>&1)" = 3
 go test -race -count=1 . >/dev/null
-go vet .
 `, Check: `
 test "$(./ex 2>&1)" = 3
 `},

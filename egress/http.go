@@ -116,24 +116,9 @@ func (f *flow) serveRequests(br *bufio.Reader, fixed *target, proto string, pre 
 type answerer interface {
 	// status answers code and msg; over HTTP/1.1 it ends the connection.
 	status(code int, msg string)
-	// answer relays the server's answer (an interim one too).
-	answer(resp *http.Response) error
-}
-
-type h1Answer struct{ f *flow }
-
-func (a h1Answer) status(code int, msg string) { a.f.status(code, msg) }
-
-func (a h1Answer) answer(resp *http.Response) error {
-	// One write for the head (Response.Write writes it line by line: a
-	// TLS record and a segment each on a terminated connection); the body
-	// in writes of the size io.Copy makes.
-	bw := bufio.NewWriterSize(a.f.client, 32<<10)
-	err := resp.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	return err
+	// answer relays the server's answer (an interim one too), read
+	// from up.
+	answer(resp *http.Response, up *upstreamConn) error
 }
 
 // exchange serves one request of the run, read as req with hosts its Host
@@ -260,7 +245,7 @@ func (f *flow) forward(req *http.Request, r Request, t target, up *upstreamConn,
 			return false
 		}
 		sec.redact(resp.Header)
-		werr := a.answer(resp)
+		werr := a.answer(resp, up)
 		resp.Body.Close()
 		if werr != nil {
 			return false

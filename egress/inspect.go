@@ -104,26 +104,19 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	a := f.g.cfg.Inspect.Authority
 	var sni string
 	var pre <-chan *upstreamConn
-	conf := &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		// HTTP/2 first, as servers prefer it; both are decided per
-		// request (inspect_h2.go).
-		NextProtos: []string{"h2", "http/1.1"},
-		// The run's clients do not resume; a ticket is work for nothing.
-		SessionTicketsDisabled: true,
-		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
-			sni = h.ServerName
-			if sni == "" || canonicalHost(sni) != host {
-				return nil, errors.New("the client hello names another host")
-			}
-			if pre == nil {
-				// The server's handshake beside the run's (predial.go).
-				pre = f.predial(target{host: host, port: port})
-			}
-			return f.g.leaf(h.Context(), a, host)
-		},
-	}
-	tc := tls.Server(bufferedConn{f.client, br}, conf)
+	conf := runTLSConfig(func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		sni = h.ServerName
+		if sni == "" || canonicalHost(sni) != host {
+			return nil, errors.New("the client hello names another host")
+		}
+		if pre == nil {
+			// The server's handshake beside the run's (predial.go).
+			pre = f.predial(target{host: host, port: port})
+		}
+		return f.g.leaf(h.Context(), a, host)
+	})
+	bc := &batchConn{Conn: bufferedConn{f.client, br}}
+	tc := tls.Server(bc, conf)
 	ctx, cancel := context.WithTimeout(f.g.ctx, headWait)
 	err := tc.HandshakeContext(ctx)
 	cancel()
@@ -144,7 +137,7 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 	}
 	// The run's end is now the terminated connection; abort still resets
 	// the socket beneath it.
-	term := terminated{tc, f.client}
+	term := terminated{tc, f.client, bc}
 	f.client = term
 	f.mu.Unlock()
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
@@ -152,6 +145,24 @@ func (f *flow) inspectTLS(br *bufio.Reader, host string, port int) {
 		return
 	}
 	f.serveRequests(bufio.NewReaderSize(f.client, 32<<10), &target{host: host, port: port}, "https", pre)
+}
+
+// runTLSConfig is the TLS server's config toward the run, its leaf from
+// leaf.
+func runTLSConfig(leaf func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// HTTP/2 first, as servers prefer it; both are decided per
+		// request (inspect_h2.go).
+		NextProtos: []string{"h2", "http/1.1"},
+		// The run's clients do not resume; a ticket is work for nothing.
+		SessionTicketsDisabled: true,
+		// Whole records from the first byte: an answer is written in
+		// large writes (answer.go), and what the run's client waits for
+		// first is the answer's head, which fits in one record anyway.
+		DynamicRecordSizingDisabled: true,
+		GetCertificate:              leaf,
+	}
 }
 
 // leaf is host's leaf for a handshake of the run: one the CA does not
@@ -178,7 +189,7 @@ func (g *Gateway) verifiedTLS(c net.Conn, host string) (net.Conn, string) {
 	// No session cache: a resumed session would outlive a reload that
 	// took its root out of upstream_ca, and would link the run's
 	// connections of different contexts for the server.
-	tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+	tc := tls.Client(newReadAhead(c), &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
 	ctx, cancel := context.WithTimeout(g.ctx, dialWait)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
@@ -449,6 +460,9 @@ func (c bufferedConn) Read(p []byte) (int, error) { return c.br.Read(p) }
 type terminated struct {
 	*tls.Conn
 	raw clientConn
+	// batch is the socket beneath Conn, whose writes an answer's body
+	// gathers (answer.go).
+	batch *batchConn
 }
 
 func (c terminated) CloseWrite() error { return c.Conn.CloseWrite() }

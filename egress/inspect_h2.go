@@ -142,7 +142,7 @@ func (a *h2Answer) status(code int, msg string) {
 	_, _ = io.WriteString(a.w, msg+"\n")
 }
 
-func (a *h2Answer) answer(resp *http.Response) error {
+func (a *h2Answer) answer(resp *http.Response, _ *upstreamConn) error {
 	if resp.StatusCode < 200 {
 		// An interim answer: the stream's own 100 Continue is sent by the
 		// server as the body is read.

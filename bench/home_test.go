@@ -36,6 +36,7 @@ func usePlainBinaries(b *testing.B) {
 // open. It is stopped with b.
 type runHome struct {
 	bin, root, sock string
+	daemon          int // the daemon's pid
 }
 
 func newRunHome(b *testing.B, conditions, policy string, serve ...string) *runHome {
@@ -44,7 +45,7 @@ func newRunHome(b *testing.B, conditions, policy string, serve ...string) *runHo
 	h := testenv.NewHome(b, conditions, policy)
 	d := testenv.Start(b, h, append([]string{"--log-level", "error", "--audit", h.Path("audit.log")}, serve...)...)
 	d.Open("s", []string{"internal"})
-	return &runHome{bin: testenv.Condfs(), root: h.Root, sock: d.Socket}
+	return &runHome{bin: testenv.Condfs(), root: h.Root, sock: d.Socket, daemon: d.Cmd.Process.Pid}
 }
 
 // run is the argv of condfs run in session s.

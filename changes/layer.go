@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -48,6 +49,7 @@ type Layer struct {
 
 	commitMu    sync.Mutex  // one commit, discard or remount at a time
 	remountView RemountFunc // guarded by mu
+	unwatch     []func()    // the backing watch's, one per space
 }
 
 // LayerOptions configure a Layer.
@@ -67,6 +69,10 @@ type LayerOptions struct {
 	// the backing tree now: a change the owner could not make there
 	// natively any more is a conflict, even with force.
 	As *Owner
+	// Watch, if set, tells the layer of names changed in its backing
+	// trees: the space is mounted again (Remount).
+	Watch *BackingWatch
+	Log   *slog.Logger // default slog.Default()
 }
 
 type layerSpace struct {
@@ -93,6 +99,9 @@ const opaqueXattr = "user.overlay.opaque"
 func OpenLayer(opts LayerOptions) (*Layer, error) {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 1 << 30
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
 	}
 	if os.Geteuid() != 0 {
 		return nil, ErrLayerUnavailable
@@ -178,6 +187,19 @@ func (l *Layer) open() error {
 	}
 	if err := l.loadBase(); err != nil {
 		return err
+	}
+	if w := l.opts.Watch; w != nil {
+		for _, name := range l.names {
+			stop, err := w.Watch(l.spaces[name].lower, func() {
+				if err := l.Remount(name); err != nil {
+					l.opts.Log.Warn("staged: the layer could not be mounted again after its backing tree changed", "space", name, "err", err)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			l.unwatch = append(l.unwatch, stop)
+		}
 	}
 	for _, name := range l.names {
 		l.measure(name, l.spaces[name].upperFD, "/")
@@ -1271,6 +1293,9 @@ func (l *Layer) shut(remove bool) error {
 		l.opts.Shared.Add(-l.used.Load())
 	}
 	l.mu.Unlock()
+	for _, stop := range l.unwatch { // a remount in progress ends first
+		stop()
+	}
 	var errs []error
 	mounted := false
 	for _, sp := range l.spaces {

@@ -38,19 +38,21 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 	if err := safepath.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("staged: %w", err)
 	}
-	if err := unmountUnder(sp.merged); err != nil {
-		return fmt.Errorf("staged: %w", err)
-	}
-	sp.mounted = false
-	opt := "lowerdir=" + sp.lower + ",upperdir=" + sp.upper + ",workdir=" + work +
-		",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
-	if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
-		if err == unix.EPERM {
-			return ErrLayerUnavailable
+	if !sp.mounted || !mountBeneath(sp, work) {
+		if err := unmountUnder(sp.merged); err != nil {
+			return fmt.Errorf("staged: %w", err)
 		}
-		return fmt.Errorf("staged: mount the layer of %s: %w", sp.name, err)
+		sp.mounted = false
+		opt := "lowerdir=" + sp.lower + ",upperdir=" + sp.upper + ",workdir=" + work +
+			",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
+		if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
+			if err == unix.EPERM {
+				return ErrLayerUnavailable
+			}
+			return fmt.Errorf("staged: mount the layer of %s: %w", sp.name, err)
+		}
+		sp.mounted = true
 	}
-	sp.mounted = true
 	fd, err := safepath.OpenDir(sp.merged)
 	if err != nil {
 		return fmt.Errorf("staged: merged %s: %w", sp.name, err)
@@ -329,4 +331,44 @@ func (l *Layer) pruneCommitted(sp *layerSpace, done []staged, conflicts []Confli
 		pruneAbove(sp, c.path)
 	}
 	return nil
+}
+
+// moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5).
+const moveMountBeneath = 0x200
+
+// mountBeneath mounts sp's layer afresh beneath the mount on its merged
+// directory and then detaches that one: the merged directory never shows
+// an empty directory between the two (a path resolved there meanwhile
+// reaches one mount or the other). False, with nothing changed, where the
+// kernel cannot (then the old mount is detached first).
+func mountBeneath(sp *layerSpace, work string) bool {
+	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fs)
+	for _, kv := range [][2]string{{"lowerdir", sp.lower}, {"upperdir", sp.upper}, {"workdir", work},
+		{"redirect_dir", "nofollow"}, {"index", "off"}, {"metacopy", "off"}, {"xino", "off"}} {
+		if unix.FsconfigSetString(fs, kv[0], kv[1]) != nil {
+			return false
+		}
+	}
+	if unix.FsconfigSetFlag(fs, "userxattr") != nil || unix.FsconfigCreate(fs) != nil {
+		return false
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(m)
+	if unix.MoveMount(m, "", unix.AT_FDCWD, sp.merged, unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath) != nil {
+		return false
+	}
+	// The old mount is on top now: it goes (once), the new one shows.
+	if err := unix.Unmount(sp.merged, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+		// Both stay stacked, the new one beneath: the fallback detaches
+		// every mount there and mounts again.
+		return false
+	}
+	return true
 }

@@ -69,7 +69,7 @@ func (d *Daemon) openLayer(s *session, restored bool) *control.Error {
 	id := s.id
 	l, err := changes.OpenLayer(changes.LayerOptions{
 		Dir: d.changesDir(s), Roots: roots, Fresh: !restored, MaxBytes: cfg.MaxBytes(), Shared: d.heldBy(s.owner), Owner: s.owner,
-		As: ownerOf(s.owner),
+		As: ownerOf(s.owner), Watch: d.backingWatch(), Log: d.log,
 		OnLimit: func(space, path string) {
 			d.metrics.Change("enospc", 1)
 			d.audit.Info("changes", "kind", "changes", "session", id, "op", "enospc", "space", space, "path", clip(path),
@@ -85,6 +85,23 @@ func (d *Daemon) openLayer(s *session, restored bool) *control.Error {
 	}
 	s.layer = l
 	return nil
+}
+
+// backingWatch is the watch every staged layer shares (made now if
+// there is none); nil when fanotify cannot be had: the layers are then
+// mounted afresh at commits and discards only.
+func (d *Daemon) backingWatch() *changes.BackingWatch {
+	d.stagedWatchMu.Lock()
+	defer d.stagedWatchMu.Unlock()
+	if d.stagedWatch == nil && !d.closing.Load() {
+		w, err := changes.NewBackingWatch(0)
+		if err != nil {
+			d.log.Warn("staged sessions: the backing trees are not watched; a view shows a file another writer replaced as it was until a commit or discard", "err", err)
+			return nil
+		}
+		d.stagedWatch = w
+	}
+	return d.stagedWatch
 }
 
 // closeLayer unmounts a staged session's layer, after its view: removed

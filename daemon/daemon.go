@@ -139,6 +139,10 @@ type Daemon struct {
 	runs          *runs.Node    // what the sessions' runs share: kept sandboxes, egress pool and CA
 	largeDecides  chan struct{} // a token per large tool.decide being decoded
 	changesHeld   sync.Map      // uid → *atomic.Int64: what its sessions' checkpoints hold (changes.go)
+	// stagedWatch tells staged layers of changes in their backing trees;
+	// made with the first staged session (changes.go).
+	stagedWatchMu sync.Mutex
+	stagedWatch   *changes.BackingWatch
 
 	stopWatch func()
 }
@@ -362,6 +366,12 @@ func (d *Daemon) Close() error {
 	errs = append(errs, d.server.Close())
 	d.runs.Close()
 	errs = append(errs, d.closeAll())
+	d.stagedWatchMu.Lock()
+	if d.stagedWatch != nil {
+		d.stagedWatch.Close()
+		d.stagedWatch = nil
+	}
+	d.stagedWatchMu.Unlock()
 	d.flushAllCounts() // the sessions told theirs as they closed
 	if d.stopMetrics != nil {
 		d.stopMetrics()

@@ -158,10 +158,14 @@ func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error
 		}
 		sps[i] = sp
 	}
+	// The backings stay the view's (release waits) until the swap is
+	// done: a root descriptor is never closed under dup3.
+	v.spaces.mu.Lock()
 	served := false
 	for _, sp := range sps {
 		if b := v.spaces.dirs[sp]; b != nil {
 			if !b.merged {
+				v.spaces.mu.Unlock()
 				return ErrNotStaged
 			}
 			served = true
@@ -169,6 +173,7 @@ func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error
 	}
 	if v.closed.Load() || !served {
 		// Nothing to hold back or swap: the layer still changes.
+		defer v.spaces.mu.Unlock()
 		fds, err := mount()
 		closeFDs(fds)
 		return err
@@ -192,10 +197,15 @@ func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error
 	}
 	closeFDs(fds) // spaces it was not asked for
 	v.remountMu.Unlock()
+	var swapped []space
 	for _, sp := range sps {
 		if v.spaces.dirs[sp] != nil {
-			v.remounted(sp)
+			swapped = append(swapped, sp)
 		}
+	}
+	v.spaces.mu.Unlock()
+	for _, sp := range swapped {
+		v.remounted(sp)
 	}
 	if err != nil {
 		return fmt.Errorf("remount %s: %w", strings.Join(names, ", "), err)

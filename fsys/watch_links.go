@@ -1,13 +1,13 @@
 package fsys
 
 import (
-	"encoding/binary"
 	"errors"
 	"os"
 	"sync"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/fanotify"
 )
 
 // linkWatch tells the Watcher of link counts rising anywhere on the backing
@@ -125,44 +125,33 @@ func (l *linkWatch) close() {
 // on which a regular file now has several names; lost events report every
 // marked filesystem.
 func (l *linkWatch) read(linked func(devs map[uint64]bool)) {
-	buf := make([]byte, 64<<10)
-	for {
-		nr, err := l.f.Read(buf)
-		if err != nil {
-			if !errors.Is(err, os.ErrClosed) {
-				// No more reports: views check link counts themselves
-				// from now on, and drop what they cached.
-				l.mu.Lock()
-				l.dead = true
-				l.mu.Unlock()
-				linked(l.all())
-			}
-			return
-		}
+	err := fanotify.Read(l.f, func(events []fanotify.Event) {
 		devs := map[uint64]bool{}
-		for off := 0; off+int(unsafe.Sizeof(unix.FanotifyEventMetadata{})) <= nr; {
-			md := (*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
-			if md.Event_len == 0 || off+int(md.Event_len) > nr {
-				break
-			}
-			ev := buf[off+int(md.Metadata_len) : off+int(md.Event_len)]
-			off += int(md.Event_len)
-			if md.Mask&unix.FAN_Q_OVERFLOW != 0 {
+		for _, ev := range events {
+			if ev.Mask&unix.FAN_Q_OVERFLOW != 0 {
 				for d := range l.all() {
 					devs[d] = true
 				}
 				continue
 			}
-			if md.Mask&unix.FAN_ONDIR != 0 {
+			if ev.Mask&unix.FAN_ONDIR != 0 {
 				continue
 			}
-			if dev, ok := l.multiLinked(ev); ok {
+			if dev, ok := l.multiLinked(ev.Info); ok {
 				devs[dev] = true
 			}
 		}
 		if len(devs) > 0 {
 			linked(devs)
 		}
+	})
+	if !errors.Is(err, os.ErrClosed) {
+		// No more reports: views check link counts themselves from now
+		// on, and drop what they cached.
+		l.mu.Lock()
+		l.dead = true
+		l.mu.Unlock()
+		linked(l.all())
 	}
 }
 
@@ -180,20 +169,10 @@ func (l *linkWatch) all() map[uint64]bool {
 // the file it names when that is a regular file with several names now.
 // What cannot be decoded or opened (a file gone since) is no such file.
 func (l *linkWatch) multiLinked(info []byte) (uint64, bool) {
-	// struct fanotify_event_info_fid: header (type u8, pad u8, len u16),
-	// fsid (2 × i32), then struct file_handle (bytes u32, type i32, handle).
-	const hdr, fsid = 4, 8
-	if len(info) < hdr+fsid+8 || info[0] != unix.FAN_EVENT_INFO_TYPE_FID {
+	id, handle, _, ok := fanotify.FileID(info, unix.FAN_EVENT_INFO_TYPE_FID)
+	if !ok {
 		return 0, false
 	}
-	fh := info[hdr+fsid:]
-	n := binary.NativeEndian.Uint32(fh[0:4])
-	typ := int32(binary.NativeEndian.Uint32(fh[4:8]))
-	if int(n) > len(fh)-8 {
-		return 0, false
-	}
-	handle := unix.NewFileHandle(typ, fh[8:8+n])
-	id := unix.Fsid{Val: [2]int32{int32(binary.NativeEndian.Uint32(info[4:8])), int32(binary.NativeEndian.Uint32(info[8:12]))}}
 	l.mu.Lock()
 	mountFD := -1
 	for _, m := range l.marked {

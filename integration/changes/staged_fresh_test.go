@@ -107,3 +107,60 @@ func TestStagedWorkingDirectoryLivesThroughARemount(t *testing.T) {
 		t.Fatalf("the shell across the remount: %q", got)
 	}
 }
+
+// eventually waits for the staged view to answer script with want: a
+// change in the backing tree shows within the watch's delay and a
+// remount, well inside the view's attribute timeout.
+func eventually(t *testing.T, dir, script, want, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := testenv.ShAsNobody(t, dir, script+` 2>&1 || true`)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the staged view shows %q, want %q", what, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestStagedViewShowsFileReplacedInBacking: a backing file another writer
+// replaces by rename (as editors, git checkout and build tools write), and
+// a directory removed and made again, show in a staged view that had
+// looked them up, without a commit or discard: the daemon watches the
+// backing filesystem and mounts the layer afresh. So do changes made after
+// a discard and after a commit.
+func TestStagedViewShowsFileReplacedInBacking(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	view := mnt + "/workspace"
+	if got := testenv.ShAsNobody(t, view, `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
+		t.Fatalf("before: %q", got)
+	}
+	replaceByRename(t, ws+"/a.txt", "renamed over\n")
+	eventually(t, view, `cat a.txt`, "renamed over", "a file replaced by rename")
+	remakeDir(t, ws+"/d", "y.txt", "y\n")
+	eventually(t, view, `ls d; cat d/y.txt`, "y.txt\ny", "a directory removed and made again")
+
+	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
+	testenv.ShAsNobody(t, view, `cat a.txt gone.txt`)
+	replaceByRename(t, ws+"/a.txt", "after the discard\n")
+	eventually(t, view, `cat a.txt`, "after the discard", "a change after a discard")
+
+	testenv.ShAsNobody(t, view, `printf mine > gone.txt`)
+	var res commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &res)
+	if res.Committed != 1 || len(res.Conflicts) != 0 {
+		t.Fatalf("commit: %+v", res)
+	}
+	if got := testenv.ShAsNobody(t, view, `cat gone.txt`); got != "mine" {
+		t.Fatalf("after the commit: %q", got)
+	}
+	replaceByRename(t, ws+"/gone.txt", "after the commit\n")
+	eventually(t, view, `cat gone.txt`, "after the commit", "a committed file replaced after the commit")
+	if got, _ := stagedDiff(d, "s"); len(got) != 0 {
+		t.Fatalf("another writer's changes listed as the session's: %v", got)
+	}
+}

@@ -272,14 +272,35 @@ func (l *Layer) loadBase() error {
 	return nil
 }
 
-// measure counts the regular files below rel of an upper layer.
+// measure counts the entries below rel of an upper layer.
 func (l *Layer) measure(space string, root int, rel string) {
 	walkUpper(root, rel, func(p string, st *unix.Stat_t) {
-		if st.Mode&unix.S_IFMT == unix.S_IFREG {
-			l.sizes[key{space, p}] = st.Size
-			l.used.Add(st.Size)
-		}
+		n := entryBytes(st)
+		l.sizes[key{space, p}] = n
+		l.used.Add(n)
 	})
+}
+
+// blockBytes is what one entry costs the state directory at least: a
+// directory, whiteout, symlink or empty file takes an inode and a block,
+// so max_bytes bounds how many of them a session can make too.
+const blockBytes = 4096
+
+// entryBytes is what an entry of the layer counts against max_bytes: its
+// size in whole blocks, at least one.
+func entryBytes(st *unix.Stat_t) int64 {
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return blockBytes
+	}
+	return inBlocks(st.Size)
+}
+
+// inBlocks rounds n up to whole blocks, at least one.
+func inBlocks(n int64) int64 {
+	if n <= blockBytes {
+		return blockBytes
+	}
+	return (n + blockBytes - 1) / blockBytes * blockBytes
 }
 
 // walkUpper calls f for every entry below rel, parents first.
@@ -493,9 +514,11 @@ func (l *Layer) After(space, p string) {
 	var st unix.Stat_t
 	var n int64
 	// As the daemon (see Renamed): a file the caller cannot stat in the
-	// layer still counts.
-	if asDaemon(func() error { return lstatBeneath(sp.upperFD, p, &st) }) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
-		n = st.Size
+	// layer still counts. What a removed directory of the layer held
+	// (whiteouts) stays counted until the next recount (a commit, discard,
+	// rollback or rename): never less than the layer holds.
+	if asDaemon(func() error { return lstatBeneath(sp.upperFD, p, &st) }) == nil {
+		n = entryBytes(&st)
 	}
 	l.setSize(key{space, p}, n)
 }
@@ -509,7 +532,7 @@ func (l *Layer) Wrote(space, p string, fd int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.spaces[space]; ok && !l.closed {
-		l.setSize(key{space, p}, st.Size)
+		l.setSize(key{space, p}, inBlocks(st.Size))
 	}
 }
 

@@ -1,6 +1,7 @@
 package changes
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,8 +208,42 @@ func TestLayerRefusesChangesBeyondMaxBytes(t *testing.T) {
 	if err := l.Before("workspace", "/more"); err == nil || !strings.Contains(err.Error(), "no space") {
 		t.Fatalf("a change beyond max_bytes: %v", err)
 	}
-	if u := l.Use(); u.Bytes != 200 {
+	if u := l.Use(); u.Bytes != blockBytes {
 		t.Fatalf("use %+v", u)
+	}
+}
+
+// TestLayerEntriesWithoutBytesCountAgainstMaxBytes: an empty file, a
+// directory, a symlink and a whiteout each take an inode of the state
+// directory: each counts one block, so max_bytes bounds how many a session
+// can make, and a session making empty files without end is refused.
+func TestLayerEntriesWithoutBytesCountAgainstMaxBytes(t *testing.T) {
+	backing, state := layerFixture(t)
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true, MaxBytes: 8 * blockBytes})
+	must(t, err)
+	defer l.Remove()
+	change(t, l, "/empty", func(p string) error { return os.WriteFile(p, nil, 0o644) })
+	change(t, l, "/dir", func(p string) error { return os.Mkdir(p, 0o755) })
+	change(t, l, "/ln", func(p string) error { return os.Symlink("empty", p) })
+	change(t, l, "/keep.txt", os.Remove) // a whiteout
+	if u := l.Use(); u.Bytes != 4*blockBytes {
+		t.Fatalf("four entries without content: %+v, want %d bytes", u, 4*blockBytes)
+	}
+	made := 0
+	for i := 0; i < 100; i++ {
+		p := "/e" + strconv.Itoa(i)
+		if err := l.Before("workspace", p); err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatalf("refused with %v, want ENOSPC", err)
+			}
+			break
+		}
+		must(t, os.WriteFile(filepath.Join(l.Merged("workspace"), p), nil, 0o644))
+		l.After("workspace", p)
+		made++
+	}
+	if made != 4 {
+		t.Fatalf("%d more empty files made under max_bytes of 8 blocks, want 4", made)
 	}
 }
 

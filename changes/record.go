@@ -250,7 +250,7 @@ func (s *Store) Before(space, p string) error {
 	if err == nil {
 		if err = s.appendRec(r); err != nil && r.Blob != "" {
 			unix.Unlinkat(s.blobs, r.Blob, 0)
-			s.addBytes(-(int64(r.St.Size)))
+			s.addBytes(-inBlocks(int64(r.St.Size)))
 		}
 	}
 	if err != nil {
@@ -262,7 +262,7 @@ func (s *Store) Before(space, p string) error {
 	if r.Blob != "" {
 		br := s.blobOf[s.curLog()]
 		br.names = append(br.names, r.Blob)
-		br.size += int64(r.St.Size)
+		br.size += inBlocks(int64(r.St.Size))
 		s.blobOf[s.curLog()] = br
 	}
 	s.seen[k] = true
@@ -333,7 +333,7 @@ func (s *Store) snapshot(space, p string) (record, error) {
 			return r, fmt.Errorf("changes: %w", err)
 		}
 	case "f":
-		if s.over(int64(r.St.Size)) {
+		if s.over(inBlocks(int64(r.St.Size))) {
 			return r, fmt.Errorf("changes: %s%s (%d bytes) would take the session, or its uid's sessions together, past max_bytes %d: %w", space, p, r.St.Size, s.opts.MaxBytes, unix.ENOSPC)
 		}
 		// Opened as the caller (the thread's credentials), read as the
@@ -348,7 +348,7 @@ func (s *Store) snapshot(space, p string) (record, error) {
 			return r, err
 		}
 		s.blobN++
-		s.addBytes(int64(r.St.Size))
+		s.addBytes(inBlocks(int64(r.St.Size)))
 		r.Blob = name
 	}
 	return r, nil

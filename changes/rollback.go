@@ -641,9 +641,9 @@ func (s *Store) finishRollback(idx int, done map[key]bool, kept []record) error 
 		if r.Blob != "" {
 			br := s.blobOf[logName]
 			br.names = append(br.names, r.Blob)
-			br.size += int64(r.St.Size)
+			br.size += inBlocks(int64(r.St.Size))
 			s.blobOf[logName] = br
-			s.addBytes(int64(r.St.Size))
+			s.addBytes(inBlocks(int64(r.St.Size)))
 		}
 	}
 	// Every path the dropped logs noted keeps its last state in the new

@@ -307,8 +307,8 @@ func (s *Store) load() error {
 				if r.Blob != "" {
 					blobs[r.Blob] = true
 					br.names = append(br.names, r.Blob)
-					br.size += int64(r.St.Size)
-					s.addBytes(int64(r.St.Size))
+					br.size += inBlocks(int64(r.St.Size))
+					s.addBytes(inBlocks(int64(r.St.Size)))
 				}
 				if i == len(s.meta.Checkpoints)-1 {
 					s.seen[k] = true

@@ -305,7 +305,7 @@ func TestStagedBadInputsChangeNothing(t *testing.T) {
 // TestStagedLayerBoundedByMaxBytes: a change once the layer holds
 // max_bytes answers ENOSPC, and the backing tree is untouched.
 func TestStagedLayerBoundedByMaxBytes(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"4KiB\"\n", nil)
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"8KiB\"\n", nil)
 	testenv.ShAsNobody(t, mnt+"/workspace", `head -c 8192 /dev/zero > big`)
 	out, _ := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
 	if !strings.Contains(string(out), "No space left") {
@@ -451,11 +451,12 @@ func TestStagedRunChangesEachKindHeldThenCommitted(t *testing.T) {
 
 // TestStagedMaxBytesCountsWhatTheCallerCannotSearch: bytes in a directory
 // of the layer the caller made unsearchable (and then renamed, which
-// recounts the layer) still count against max_bytes.
+// recounts the layer) still count against max_bytes: the directory and
+// its file take two of three blocks, and a third entry fills the layer.
 func TestStagedMaxBytesCountsWhatTheCallerCannotSearch(t *testing.T) {
-	_, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"4KiB\"\n", nil)
-	testenv.ShAsNobody(t, mnt+"/workspace", `mkdir x && head -c 3072 /dev/zero > x/big && chmod 000 x && mv x y && head -c 3072 /dev/zero > z`)
-	out, _ := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", "printf x > "+mnt+"/workspace/more").CombinedOutput()
+	_, mnt, _ := stagedHome(t, testenv.ChangesRules+"\n[changes]\nmax_bytes = \"12KiB\"\n", nil)
+	testenv.ShAsNobody(t, mnt+"/workspace", `mkdir x && head -c 3072 /dev/zero > x/big && chmod 000 x && mv x y`)
+	out, _ := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", "head -c 1 /dev/zero > "+mnt+"/workspace/more").CombinedOutput()
 	if !strings.Contains(string(out), "No space left") {
 		t.Fatalf("a change beyond max_bytes, the bytes in a 000 directory: %s", out)
 	}

@@ -182,12 +182,13 @@ func (p Program) Command(dir string) *exec.Cmd {
 		// An error shows in the script's cd.
 		CommandAs(Nobody, "mkdir", "-p", dir).Run()
 	}
-	return p.command(dir, "mkdir -p \"$1\" && cd \"$1\"\nset -e\n"+p.Script)
+	// -x: a failure's output ends with the command that failed.
+	return p.command(dir, "mkdir -p \"$1\" && cd \"$1\"\nset -ex\n"+p.Script)
 }
 
 // CheckCommand is p's check run in dir as its uid.
 func (p Program) CheckCommand(dir string) *exec.Cmd {
-	return p.command(dir, "cd \"$1\"\nset -e\n"+p.Check)
+	return p.command(dir, "cd \"$1\"\nset -ex\n"+p.Check)
 }
 
 func (p Program) command(dir, script string) *exec.Cmd {
@@ -214,7 +215,7 @@ const RunBinaries = `["/bin/sh", "/usr/bin/git", "/usr/lib/git-core/", "/usr/bin
 // of the run's view (/workspace/...), made first.
 func (p Program) RunArgs(dir string) []string {
 	return []string{"--cwd", "/workspace", "--timeout", "300s", "--env", "HOME=" + dir, "--env", "PATH=/usr/bin:/bin", "--",
-		"/bin/sh", "-c", "mkdir -p \"$1\" && cd \"$1\"\nset -e\n" + p.Script, "sh", dir}
+		"/bin/sh", "-c", "mkdir -p \"$1\" && cd \"$1\"\nset -ex\n" + p.Script, "sh", dir}
 }
 
 // RunPrograms runs progs all at once, each by command(p), and calls

@@ -188,6 +188,9 @@ func (l *Layer) open() error {
 	if err := l.loadBase(); err != nil {
 		return err
 	}
+	if err := l.clearTemps(); err != nil {
+		return err
+	}
 	if w := l.opts.Watch; w != nil {
 		for _, name := range l.names {
 			stop, err := w.Watch(l.spaces[name].lower, func() {
@@ -878,6 +881,9 @@ func (l *Layer) Commit(sel []Selector, force bool) (res CommitResult, err error)
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
 	res = CommitResult{Conflicts: []Conflict{}}
+	if err := l.clearTemps(); err != nil {
+		return res, err
+	}
 	todo, err := l.selected(sel)
 	if err != nil {
 		return res, err
@@ -916,7 +922,7 @@ func (l *Layer) Commit(sel []Selector, force bool) (res CommitResult, err error)
 			dirModes = append(dirModes, dirMode{sp, c, c.up.Mode})
 			c.up.Mode |= 0o700
 		}
-		if err := commitOne(sp, c); errors.Is(err, errWritten) {
+		if err := l.commitOne(sp, c); errors.Is(err, errWritten) {
 			res.Conflicts = append(res.Conflicts, Conflict{Space: c.space, Path: c.shown(), Reason: "written in the session while it was committed: commit it again"})
 			continue
 		} else if err != nil {
@@ -1213,14 +1219,16 @@ func chmodBeneath(root int, p string, mode uint32) error {
 	return unix.Fchmod(fd, mode)
 }
 
-func commitOne(sp *layerSpace, c staged) error {
+func (l *Layer) commitOne(sp *layerSpace, c staged) error {
 	if c.up.T == "w" {
 		return removeBeneath(sp.lowerFD, c.path)
 	}
 	if err := mkParents(sp.upperFD, sp.lowerFD, parentOf(c.path)); err != nil {
 		return err
 	}
-	return copyEntry(sp.upperFD, sp.lowerFD, c.path, c.up, c.low, false)
+	return copyEntry(sp.upperFD, sp.lowerFD, c.path, c.up, c.low, false, func(dir, name string) error {
+		return l.noteTemp(sp.name, dir, name)
+	})
 }
 
 // Discard drops the staged changes under sel (all without): their entries

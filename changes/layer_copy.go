@@ -155,7 +155,7 @@ func mkParents(src, dst int, dir string) error {
 	if want.T != "d" {
 		return unix.ENOTDIR
 	}
-	return copyEntry(src, dst, dir, want, cur, false)
+	return copyEntry(src, dst, dir, want, cur, false, nil)
 }
 
 // copyEntry makes dst hold at p what src holds there (want; have is what
@@ -165,7 +165,10 @@ func mkParents(src, dst int, dir string) error {
 // and with deep is filled from src when it is made (discard puts back a
 // removed directory whole; a commit takes what is below one path by path,
 // each checked for conflicts).
-func copyEntry(src, dst int, p string, want, have state, deep bool) error {
+//
+// note, if set, is told of the temporary name before it is made (a
+// commit's journal, layer_temps.go).
+func copyEntry(src, dst int, p string, want, have state, deep bool, note func(dir, name string) error) error {
 	pfd, name, err := openParent(dst, p)
 	if err != nil {
 		return err
@@ -207,7 +210,7 @@ func copyEntry(src, dst int, p string, want, have state, deep bool) error {
 				if w.T == "n" || w.T == "w" {
 					continue
 				}
-				if err := copyEntry(src, dst, cp, w, none, true); err != nil {
+				if err := copyEntry(src, dst, cp, w, none, true, note); err != nil {
 					return err
 				}
 			}
@@ -215,6 +218,11 @@ func copyEntry(src, dst int, p string, want, have state, deep bool) error {
 		return nil
 	}
 	tmp := tempName()
+	if note != nil {
+		if err := note(parentOf(p), tmp); err != nil {
+			return err
+		}
+	}
 	switch want.T {
 	case "l":
 		if err := unix.Symlinkat(want.Link, pfd, tmp); err != nil {
@@ -246,12 +254,19 @@ func copyEntry(src, dst int, p string, want, have state, deep bool) error {
 			return err
 		}
 	}
+	if testHookTemp != nil {
+		testHookTemp(p, tmp)
+	}
 	if err := unix.Renameat(pfd, tmp, pfd, name); err != nil {
 		unix.Unlinkat(pfd, tmp, 0)
 		return err
 	}
 	return nil
 }
+
+// testHookTemp, if set, is called once a temporary is made, before it is
+// renamed over p.
+var testHookTemp func(p, tmp string)
 
 // tempName is a name no one else picks: a commit's file before its rename.
 func tempName() string {

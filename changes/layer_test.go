@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -335,7 +336,7 @@ func TestLayerCommitGivesAFileTheOwnerAndModeOfWhatItCopies(t *testing.T) {
 	}
 	// The session renames its own file over /x after the listing.
 	change(t, l, "/x", func(p string) error { return os.Rename(merged+"/evil", p) })
-	must(t, commitOne(l.spaces["workspace"], *x))
+	must(t, l.commitOne(l.spaces["workspace"], *x))
 	var st syscall.Stat_t
 	must(t, syscall.Lstat(backing+"/x", &st))
 	b, _ := os.ReadFile(backing + "/x")
@@ -567,5 +568,44 @@ func TestLayerDiscardOfOneNameUnderARemadeDirectory(t *testing.T) {
 	}
 	if got := diffLines(t, l); len(got) != 0 {
 		t.Fatalf("changes left: %v", got)
+	}
+}
+
+// TestLayerCommitCutShortLeavesNoTemporary: a commit stopped between
+// writing a file under its temporary name and renaming it over the target
+// (as a daemon killed there is) leaves the temporary beside the target;
+// the layer, opened again, removes it, and the commit run again ends as
+// one not cut short.
+func TestLayerCommitCutShortLeavesNoTemporary(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("two\n"), 0o644) })
+	var tmp string
+	testHookTemp = func(p, name string) {
+		tmp = name
+		runtime.Goexit() // the commit stops here, its temporary made
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Commit(nil, false)
+	}()
+	<-done
+	testHookTemp = nil
+	if _, err := os.Lstat(filepath.Join(backing, "src", tmp)); tmp == "" || err != nil {
+		t.Fatalf("the commit cut short left no temporary %q: %v", tmp, err)
+	}
+	must(t, l.Close())
+	l = openTestLayer(t, state, backing, false)
+	defer l.Remove()
+	if names, _ := os.ReadDir(filepath.Join(backing, "src")); len(names) != 1 || names[0].Name() != "a.txt" {
+		t.Fatalf("after the layer opened again, src holds %v", names)
+	}
+	res, err := l.Commit(nil, false)
+	if err != nil || res.Committed != 1 {
+		t.Fatalf("the commit run again: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(backing, "src", "a.txt")); string(b) != "two\n" {
+		t.Fatalf("a.txt: %q", b)
 	}
 }

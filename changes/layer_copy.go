@@ -264,6 +264,10 @@ func copyEntry(src, dst int, p string, want, have state, deep bool, note func(di
 	return nil
 }
 
+// testHookCopied, if set, is called once a file's content is copied,
+// before the copy is checked against the file.
+var testHookCopied func(p string)
+
 // testHookTemp, if set, is called once a temporary is made, before it is
 // renamed over p.
 var testHookTemp func(p, tmp string)
@@ -301,6 +305,9 @@ func copyFile(src int, p string, pfd int, tmp string) error {
 	defer unix.Close(out)
 	if err := copyFD(out, in); err != nil {
 		return err
+	}
+	if testHookCopied != nil {
+		testHookCopied(p)
 	}
 	// A file written while it was copied would be committed torn: it is
 	// left for a commit run again.

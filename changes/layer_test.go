@@ -609,3 +609,39 @@ func TestLayerCommitCutShortLeavesNoTemporary(t *testing.T) {
 		t.Fatalf("a.txt: %q", b)
 	}
 }
+
+// TestLayerCommitNeverAppliesAFileWrittenWhileCopied: a file the session
+// writes while a commit copies it is left as a conflict, the backing tree
+// keeps its file and no temporary stays beside it; the commit run again
+// applies what the session wrote last.
+func TestLayerCommitNeverAppliesAFileWrittenWhileCopied(t *testing.T) {
+	backing, state := layerFixture(t)
+	l := openTestLayer(t, state, backing, true)
+	defer l.Remove()
+	change(t, l, "/src/a.txt", func(p string) error { return os.WriteFile(p, []byte("two\n"), 0o644) })
+	testHookCopied = func(p string) {
+		testHookCopied = nil
+		f, err := os.OpenFile(filepath.Join(l.Merged("workspace"), p), os.O_WRONLY|os.O_APPEND, 0)
+		must(t, err)
+		_, err = f.WriteString("three\n")
+		must(t, err)
+		must(t, f.Close())
+	}
+	defer func() { testHookCopied = nil }()
+	res, err := l.Commit(nil, false)
+	if err != nil || res.Committed != 0 || len(res.Conflicts) != 1 || !strings.Contains(res.Conflicts[0].Reason, "written in the session while it was committed") {
+		t.Fatalf("a commit of a file written during its copy: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "one\n" {
+		t.Fatalf("the backing file after a torn copy: %q", b)
+	}
+	if names, _ := os.ReadDir(backing + "/src"); len(names) != 1 {
+		t.Fatalf("src holds %v after the torn copy", names)
+	}
+	if res, err = l.Commit(nil, false); err != nil || res.Committed != 1 {
+		t.Fatalf("the commit run again: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(backing + "/src/a.txt"); string(b) != "two\nthree\n" {
+		t.Fatalf("the backing file after the commit run again: %q", b)
+	}
+}

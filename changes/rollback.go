@@ -518,8 +518,11 @@ func emptyDir(fd int) bool {
 }
 
 // restoreFile writes a regular file's content back: into the same inode
-// when p is still a regular file (open descriptors read the restored
-// content), else into a new file.
+// when p still holds the inode the record is of, with its owner (open
+// descriptors read the restored content), else into a new file. Another
+// inode at p is never written, chowned or chmodded: the session may hold
+// it open (or the daemon would give a file the session can still write
+// the record's owner and mode).
 func (s *Store) restoreFile(pfd int, name string, r record, cur state) error {
 	blob, err := safepath.Beneath(s.blobs, r.Blob, unix.O_RDONLY, 0)
 	if err != nil {
@@ -527,7 +530,7 @@ func (s *Store) restoreFile(pfd int, name string, r record, cur state) error {
 	}
 	defer unix.Close(blob)
 	var fd int
-	if cur.T == "f" {
+	if cur.T == "f" && cur.Ino == r.St.Ino && cur.UID == r.St.UID && cur.GID == r.St.GID {
 		// The inode checked, and no other put there since: opened by
 		// path only to be checked, then reopened (the same inode).
 		var pathFD int

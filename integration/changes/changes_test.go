@@ -483,3 +483,39 @@ func TestChangesHandleWriteAfterOutsideRenameIsNeverUnrecorded(t *testing.T) {
 		t.Fatalf("a write through a handle (%s) changed the renamed file unrecorded: %q after a rollback with no conflict", answer, b)
 	}
 }
+
+// TestChangesRollbackNeverWritesIntoAFileTheSessionHolds: a rollback gives
+// a path back a file's content, owner and mode in a new file unless the
+// path still holds the very inode the checkpoint had there. A file of the
+// session's, held open and renamed over root's file, stays the session's:
+// were the restore made into it (chowned to root), the descriptor would
+// then write the content of a root-owned file in the backing tree.
+func TestChangesRollbackNeverWritesIntoAFileTheSessionHolds(t *testing.T) {
+	d, mnt := testenv.RunHomeFiles(t, testenv.ChangesRules, func(h *testenv.Home) {
+		h.Write("workspace/g", "root's\n") // root's, 0644
+		os.Chmod(h.Path("workspace"), 0o777)
+	})
+	ws := mnt + "/workspace"
+	testenv.ShAsNobody(t, ws, `printf mine > mine`)
+	first, held := testenv.ConverseAsNobody(t, "hold2", ws+"/mine", "rw")
+	if first != "open" {
+		t.Fatalf("hold2: %s", first)
+	}
+	cp := testenv.Checkpoint(d, "s", "")
+	testenv.ShAsNobody(t, ws, `mv mine g`)
+	if r := testenv.Rollback(d, "s", cp, false); len(r.Conflicts) != 0 {
+		t.Fatalf("rollback: %+v", r.Conflicts)
+	}
+	if got := held("w evil"); got != "wrote" {
+		t.Fatalf("write through the held descriptor: %s", got)
+	}
+	var st syscall.Stat_t
+	b, err := os.ReadFile(d.Home.Path("workspace/g"))
+	syscall.Lstat(d.Home.Path("workspace/g"), &st)
+	if err != nil || string(b) != "root's\n" || st.Uid != 0 {
+		t.Fatalf("g after the rollback and a write through the descriptor held: %q %v uid %d", b, err, st.Uid)
+	}
+	if got := testenv.ShAsNobody(t, ws, `stat -c '%u' mine && cat mine`); got != "65534\nmine" {
+		t.Fatalf("mine after the rollback: %q", got)
+	}
+}

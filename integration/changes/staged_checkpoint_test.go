@@ -102,3 +102,44 @@ func TestStagedCheckpointsComeBackAfterKill(t *testing.T) {
 		t.Fatalf("the view after a rollback across a crash:\n%s\nwant:\n%s\n%s", got, at, testenv.Tail(d2.Log(), 20))
 	}
 }
+
+// TestStagedRollbackNeverWritesIntoAFileTheSessionHolds: a rollback gives
+// a path back a file's content, owner and mode in a new file unless the
+// path still holds the very inode the checkpoint had there. A file of the
+// session's, held open and renamed over a copy of root's file, stays the
+// session's: were the restore made into it, the descriptor would write
+// the content of a root-owned file, which a commit carries into the
+// backing tree as root's.
+func TestStagedRollbackNeverWritesIntoAFileTheSessionHolds(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, func(h *testenv.Home) {
+		h.Write("workspace/rootfile", "root's\n") // root's, 0644, in the 0777 workspace
+	})
+	ws := mnt + "/workspace"
+	testenv.ShAsNobody(t, ws, `mv rootfile g && printf mine > mine`)
+	at := viewState(t, ws)
+	first, held := testenv.ConverseAsNobody(t, "hold2", ws+"/mine", "rw")
+	if first != "open" {
+		t.Fatalf("hold2: %s", first)
+	}
+	d.Call("checkpoint.create", map[string]any{"session": "s", "name": "c1"}, nil)
+	testenv.ShAsNobody(t, ws, `mv mine g`)
+	var res struct {
+		Restored  int
+		Conflicts []struct{ Space, Path, Reason string }
+	}
+	d.Call("checkpoint.rollback", map[string]any{"session": "s", "checkpoint": "c1"}, &res)
+	if got := held("w evil"); got != "wrote" {
+		t.Fatalf("write through the held descriptor: %s", got)
+	}
+	if got := testenv.ShAsNobody(t, ws, `stat -c '%u %s' g mine && cat g`); got != "0 7\n65534 4\nroot's" {
+		t.Fatalf("g and mine after the rollback and a write through the descriptor held:\n%s", got)
+	}
+	if got := viewState(t, ws); got != at {
+		t.Fatalf("the view after the rollback:\n%s\nwant, as at the checkpoint:\n%s", got, at)
+	}
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, err := os.ReadFile(d.Home.Path("workspace/g")); err != nil || string(b) != "root's\n" {
+		t.Fatalf("g committed: %q %v (commit %+v)", b, err, r)
+	}
+}

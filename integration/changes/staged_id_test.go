@@ -36,11 +36,13 @@ func TestSessionIDsThatNameADirectoryAboveAreRefused(t *testing.T) {
 
 // TestStagedSessionOfAnotherUidRefusesItsMethods: uid 65534 may not diff,
 // commit or discard root's staged session (-32011), whichever paths it
-// names; the session's change stays staged.
+// names, nor make, list or roll back its checkpoints; the session's change
+// stays staged.
 func TestStagedSessionOfAnotherUidRefusesItsMethods(t *testing.T) {
 	d, _, _ := stagedHome(t, testenv.ChangesRules, nil)
 	rmnt := d.Home.Path("mnt/r")
 	d.Call("session.open", map[string]any{"id": "r", "mount": rmnt, "context": testenv.DM, "changes": "staged"}, nil)
+	d.Call("checkpoint.create", map[string]any{"session": "r", "name": "c1"}, nil)
 	if err := os.WriteFile(rmnt+"/workspace/root.txt", []byte("root's"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +51,9 @@ func TestStagedSessionOfAnotherUidRefusesItsMethods(t *testing.T) {
 		`changes.commit {"session":"r"}`,
 		`changes.commit {"session":"r","paths":["workspace/root.txt"],"force":true}`,
 		`changes.discard {"session":"r"}`,
+		`checkpoint.create {"session":"r","name":"c2"}`,
+		`checkpoint.list {"session":"r"}`,
+		`checkpoint.rollback {"session":"r","checkpoint":"c1","force":true}`,
 		`session.close {"id":"r","discard":true}`,
 	} {
 		method, params, _ := strings.Cut(call, " ")

@@ -208,14 +208,15 @@ func (n *egressNet) pyServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	for i := 0; i < 100; i++ {
+	// python3 may be a pyenv shim that takes seconds to start on a busy
+	// machine: up to 30 s.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if c, err := net.Dial("tcp", egressSrv+":8000"); err == nil {
 			c.Close()
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatal("python server did not start")
+	t.Fatal("python server did not start in 30 s")
 }
 
 const pyReadResp = `

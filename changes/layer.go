@@ -1272,6 +1272,20 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	})
 	l.mu.Lock()
 	l.recount()
+	if err == nil {
+		// The layer holds no change under sel now: what the backing tree
+		// held there is noted afresh at the session's next change (a
+		// path noted for an operation that then failed would otherwise
+		// keep what the backing tree held before the discard).
+		if len(sel) == 0 {
+			for _, name := range l.names {
+				err = errors.Join(err, l.forgetBase(key{name, "/"}))
+			}
+		}
+		for _, s := range sel {
+			err = errors.Join(err, l.forgetBase(key{s.Space, s.Path}))
+		}
+	}
 	l.mu.Unlock()
 	return res, err
 }

@@ -21,6 +21,29 @@ func replaceByRename(t *testing.T, p, content string) {
 	}
 }
 
+// connections are the invalidation paths a staged view is tested on: the
+// shared connection (entries expired), a connection per session, entries
+// dropped (as kernels before 6.2) and the epoch.
+var connections = []struct {
+	name, invalidation string
+	flags              []string
+}{
+	{"shared connection", "", nil},
+	{"connection per session", "", []string{"--connections=per-session"}},
+	{"entries dropped", "entries-drop", nil},
+	{"epoch", "epoch", nil},
+}
+
+// onEachConnection runs f on each invalidation path.
+func onEachConnection(t *testing.T, f func(t *testing.T, flags []string)) {
+	for _, c := range connections {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("CONDFS_INVALIDATION", c.invalidation) // the daemon's
+			f(t, c.flags)
+		})
+	}
+}
+
 // remakeDir removes the directory p and makes it again holding one file.
 func remakeDir(t *testing.T, p, file, content string) {
 	t.Helper()
@@ -42,17 +65,19 @@ func remakeDir(t *testing.T, p, file, content string) {
 // answer the view shows the backing tree as it is now, for the paths it
 // discarded and every other.
 func TestStagedViewShowsFileReplacedInBackingAfterDiscard(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
-	ws := d.Home.Path("workspace")
-	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
-		t.Fatalf("before: %q", got)
-	}
-	replaceByRename(t, ws+"/a.txt", "renamed over\n")
-	remakeDir(t, ws+"/d", "y.txt", "y\n")
-	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"workspace/new.txt"}}, nil)
-	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt; ls d; cat d/y.txt; ls`); got != "renamed over\ny.txt\ny\na.txt\nd\ngone.txt\nl" {
-		t.Fatalf("after the discard: %q", got)
-	}
+	onEachConnection(t, func(t *testing.T, flags []string) {
+		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, flags...)
+		ws := d.Home.Path("workspace")
+		if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
+			t.Fatalf("before: %q", got)
+		}
+		replaceByRename(t, ws+"/a.txt", "renamed over\n")
+		remakeDir(t, ws+"/d", "y.txt", "y\n")
+		d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"workspace/new.txt"}}, nil)
+		if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt; ls d; cat d/y.txt; ls`); got != "renamed over\ny.txt\ny\na.txt\nd\ngone.txt\nl" {
+			t.Fatalf("after the discard: %q", got)
+		}
+	})
 }
 
 // TestStagedViewShowsFileReplacedInBackingAfterCommit: a commit leaves in
@@ -60,23 +85,25 @@ func TestStagedViewShowsFileReplacedInBackingAfterDiscard(t *testing.T) {
 // a file the view had looked up before the commit, which another writer
 // replaced by rename, shows its new content from the commit's answer.
 func TestStagedViewShowsFileReplacedInBackingAfterCommit(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
-	ws := d.Home.Path("workspace")
-	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt && printf mine > gone.txt`); got != "alpha" {
-		t.Fatalf("before: %q", got)
-	}
-	replaceByRename(t, ws+"/a.txt", "renamed over\n")
-	var res commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &res)
-	if res.Committed != 1 || len(res.Conflicts) != 0 {
-		t.Fatalf("commit: %+v", res)
-	}
-	if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt gone.txt`); got != "renamed over\nmine" {
-		t.Fatalf("after the commit: %q", got)
-	}
-	if got, _ := stagedDiff(d, "s"); len(got) != 0 {
-		t.Fatalf("changes left after the commit: %v", got)
-	}
+	onEachConnection(t, func(t *testing.T, flags []string) {
+		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, flags...)
+		ws := d.Home.Path("workspace")
+		if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt && printf mine > gone.txt`); got != "alpha" {
+			t.Fatalf("before: %q", got)
+		}
+		replaceByRename(t, ws+"/a.txt", "renamed over\n")
+		var res commitResult
+		d.Call("changes.commit", map[string]any{"session": "s"}, &res)
+		if res.Committed != 1 || len(res.Conflicts) != 0 {
+			t.Fatalf("commit: %+v", res)
+		}
+		if got := testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt gone.txt`); got != "renamed over\nmine" {
+			t.Fatalf("after the commit: %q", got)
+		}
+		if got, _ := stagedDiff(d, "s"); len(got) != 0 {
+			t.Fatalf("changes left after the commit: %v", got)
+		}
+	})
 }
 
 // TestStagedWorkingDirectoryLivesThroughARemount: a process whose working
@@ -84,28 +111,30 @@ func TestStagedViewShowsFileReplacedInBackingAfterCommit(t *testing.T) {
 // mounted afresh; every inode keeps its identity), and a file it kept open
 // reads what it opened.
 func TestStagedWorkingDirectoryLivesThroughARemount(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
-	testenv.ShAsNobody(t, mnt+"/workspace", `printf n > new.txt`)
-	cmd := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", `cd "$1" && exec 3<x.txt && read -r line && cat x.txt && pwd && cat <&3`, "sh", mnt+"/workspace/d")
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond) // the shell is in d, x.txt open
-	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
-	in.Write([]byte("go\n"))
-	in.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("the shell across the remount: %v: %s", err, out.String())
-	}
-	if got := strings.TrimSpace(out.String()); got != "x\n"+mnt+"/workspace/d\nx" {
-		t.Fatalf("the shell across the remount: %q", got)
-	}
+	onEachConnection(t, func(t *testing.T, flags []string) {
+		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, flags...)
+		testenv.ShAsNobody(t, mnt+"/workspace", `printf n > new.txt`)
+		cmd := testenv.CommandAs(testenv.Nobody, "/bin/sh", "-c", `cd "$1" && exec 3<x.txt && read -r line && cat x.txt && pwd && cat <&3`, "sh", mnt+"/workspace/d")
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // the shell is in d, x.txt open
+		d.Call("changes.discard", map[string]any{"session": "s"}, nil)
+		in.Write([]byte("go\n"))
+		in.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("the shell across the remount: %v: %s", err, out.String())
+		}
+		if got := strings.TrimSpace(out.String()); got != "x\n"+mnt+"/workspace/d\nx" {
+			t.Fatalf("the shell across the remount: %q", got)
+		}
+	})
 }
 
 // eventually waits for the staged view to answer script with want: a
@@ -133,34 +162,36 @@ func eventually(t *testing.T, dir, script, want, what string) {
 // backing filesystem and mounts the layer afresh. So do changes made after
 // a discard and after a commit.
 func TestStagedViewShowsFileReplacedInBacking(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
-	ws := d.Home.Path("workspace")
-	view := mnt + "/workspace"
-	if got := testenv.ShAsNobody(t, view, `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
-		t.Fatalf("before: %q", got)
-	}
-	replaceByRename(t, ws+"/a.txt", "renamed over\n")
-	eventually(t, view, `cat a.txt`, "renamed over", "a file replaced by rename")
-	remakeDir(t, ws+"/d", "y.txt", "y\n")
-	eventually(t, view, `ls d; cat d/y.txt`, "y.txt\ny", "a directory removed and made again")
+	onEachConnection(t, func(t *testing.T, flags []string) {
+		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, flags...)
+		ws := d.Home.Path("workspace")
+		view := mnt + "/workspace"
+		if got := testenv.ShAsNobody(t, view, `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
+			t.Fatalf("before: %q", got)
+		}
+		replaceByRename(t, ws+"/a.txt", "renamed over\n")
+		eventually(t, view, `cat a.txt`, "renamed over", "a file replaced by rename")
+		remakeDir(t, ws+"/d", "y.txt", "y\n")
+		eventually(t, view, `ls d; cat d/y.txt`, "y.txt\ny", "a directory removed and made again")
 
-	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
-	testenv.ShAsNobody(t, view, `cat a.txt gone.txt`)
-	replaceByRename(t, ws+"/a.txt", "after the discard\n")
-	eventually(t, view, `cat a.txt`, "after the discard", "a change after a discard")
+		d.Call("changes.discard", map[string]any{"session": "s"}, nil)
+		testenv.ShAsNobody(t, view, `cat a.txt gone.txt`)
+		replaceByRename(t, ws+"/a.txt", "after the discard\n")
+		eventually(t, view, `cat a.txt`, "after the discard", "a change after a discard")
 
-	testenv.ShAsNobody(t, view, `printf mine > gone.txt`)
-	var res commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &res)
-	if res.Committed != 1 || len(res.Conflicts) != 0 {
-		t.Fatalf("commit: %+v", res)
-	}
-	if got := testenv.ShAsNobody(t, view, `cat gone.txt`); got != "mine" {
-		t.Fatalf("after the commit: %q", got)
-	}
-	replaceByRename(t, ws+"/gone.txt", "after the commit\n")
-	eventually(t, view, `cat gone.txt`, "after the commit", "a committed file replaced after the commit")
-	if got, _ := stagedDiff(d, "s"); len(got) != 0 {
-		t.Fatalf("another writer's changes listed as the session's: %v", got)
-	}
+		testenv.ShAsNobody(t, view, `printf mine > gone.txt`)
+		var res commitResult
+		d.Call("changes.commit", map[string]any{"session": "s"}, &res)
+		if res.Committed != 1 || len(res.Conflicts) != 0 {
+			t.Fatalf("commit: %+v", res)
+		}
+		if got := testenv.ShAsNobody(t, view, `cat gone.txt`); got != "mine" {
+			t.Fatalf("after the commit: %q", got)
+		}
+		replaceByRename(t, ws+"/gone.txt", "after the commit\n")
+		eventually(t, view, `cat gone.txt`, "after the commit", "a committed file replaced after the commit")
+		if got, _ := stagedDiff(d, "s"); len(got) != 0 {
+			t.Fatalf("another writer's changes listed as the session's: %v", got)
+		}
+	})
 }

@@ -16,7 +16,7 @@ import (
 
 // stagedHome starts a daemon whose session "s", served to uid 65534, is
 // staged; other is a direct session "o" of the same uid over the same home.
-func stagedHome(t *testing.T, rules string, files func(h *testenv.Home)) (d *testenv.Daemon, mnt, other string) {
+func stagedHome(t *testing.T, rules string, files func(h *testenv.Home), flags ...string) (d *testenv.Daemon, mnt, other string) {
 	t.Helper()
 	h := testenv.OpenHome(t, rules)
 	h.Write("config/policy.yaml", testenv.RunPolicy)
@@ -34,7 +34,7 @@ func stagedHome(t *testing.T, rules string, files func(h *testenv.Home)) (d *tes
 	if files != nil {
 		files(h)
 	}
-	d = testenv.Start(t, h, "--allow-uid", "65534", "--socket-mode", "0666")
+	d = testenv.Start(t, h, append([]string{"--allow-uid", "65534", "--socket-mode", "0666"}, flags...)...)
 	os.Chmod(filepath.Dir(d.Socket), 0o755)
 	mnt = d.Home.Path("mnt/s")
 	d.Call("session.open", map[string]any{"id": "s", "mount": mnt, "context": testenv.DM, "owner": testenv.Nobody, "changes": "staged"}, nil)

@@ -193,7 +193,7 @@ func (l *Layer) open() error {
 	}
 	if w := l.opts.Watch; w != nil {
 		for _, name := range l.names {
-			stop, err := w.Watch(l.spaces[name].lower, func() {
+			stop, err := w.Watch(l.spaces[name].lower, l.opts.Dir, func() {
 				if err := l.Remount(name); err != nil {
 					l.opts.Log.Warn("staged: the layer could not be mounted again after its backing tree changed", "space", name, "err", err)
 				}

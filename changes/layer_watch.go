@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,7 @@ const maxWatchCache = 1 << 14
 
 type watchedRoot struct {
 	real    string // the root's path, as the kernel names it
+	exclude string // a directory below it whose changes do not count ("" none)
 	fd      int    // O_RDONLY directory: open_by_handle_at's mount
 	fsid    unix.Fsid
 	changed func()
@@ -83,7 +85,11 @@ const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix
 // a change during a call schedules another, which may overlap it) after
 // names change beneath dir. stop ends it, waiting for the calls in
 // progress.
-func (w *BackingWatch) Watch(dir string, changed func()) (stop func(), err error) {
+//
+// Changes below exclude (the layer's own directory, should the state
+// directory be inside the backing tree: its own writes would remount it
+// without end) do not count.
+func (w *BackingWatch) Watch(dir, exclude string, changed func()) (stop func(), err error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("staged: watch %s: %w", dir, err)
@@ -98,6 +104,11 @@ func (w *BackingWatch) Watch(dir string, changed func()) (stop func(), err error
 		return nil, fmt.Errorf("staged: watch %s: %w", dir, err)
 	}
 	r := &watchedRoot{real: real, fd: fd, fsid: sf.Fsid, changed: changed}
+	if exclude != "" {
+		if ex, err := filepath.EvalSymlinks(exclude); err == nil {
+			r.exclude = ex
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -246,6 +257,9 @@ func beneath(r *watchedRoot, handle unix.FileHandle) bool {
 	defer unix.Close(fd)
 	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
+		return false
+	}
+	if r.exclude != "" && (p == r.exclude || strings.HasPrefix(p, r.exclude+"/")) {
 		return false
 	}
 	return p == r.real || strings.HasPrefix(p, strings.TrimSuffix(r.real, "/")+"/")

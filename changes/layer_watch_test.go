@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestLayerWatchRemountsWhenBackingNamesChange: a layer told of its
@@ -99,5 +101,32 @@ func TestLayerRemountNeverShowsAnEmptyMergedDirectory(t *testing.T) {
 	close(stop)
 	if err, ok := <-missed; ok {
 		t.Fatalf("the merged directory lost keep.txt during a remount: %s", err)
+	}
+}
+
+// TestLayerWatchIgnoresTheLayersOwnWrites: a state directory inside the
+// backing tree does not remount its layer at each write of the session
+// (nor each remount its next one, without end).
+func TestLayerWatchIgnoresTheLayersOwnWrites(t *testing.T) {
+	backing, _ := layerFixture(t)
+	state := backing + "/.state"
+	w, err := NewBackingWatch(20 * time.Millisecond)
+	must(t, err)
+	defer w.Close()
+	l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true, Watch: w})
+	must(t, err)
+	defer l.Remove()
+	merged := l.Merged("workspace")
+	mnt := func() uint64 {
+		var stx unix.Statx_t
+		must(t, unix.Statx(unix.AT_FDCWD, merged, 0, unix.STATX_MNT_ID, &stx))
+		return stx.Mnt_id
+	}
+	time.Sleep(100 * time.Millisecond) // the layer's own setup
+	before := mnt()
+	change(t, l, "/src/new.txt", func(p string) error { return os.WriteFile(p, []byte("n"), 0o644) })
+	time.Sleep(200 * time.Millisecond)
+	if mnt() != before {
+		t.Fatal("a write of the session into its layer remounted it")
 	}
 }

@@ -137,6 +137,14 @@ func (b *backing) ancestorsSearchable() error {
 // the space or cannot be named (the name it was opened by is gone but
 // another remains: which one is not known, so nothing is assumed).
 func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) {
+	return b.spacePathSeen(fd, "")
+}
+
+// spacePathSeen is spacePath for a descriptor the view last saw under the
+// name seen ("" for none): a descriptor of a detached mount (pastMount)
+// whose name there is not the file's any more has the name seen, where
+// the current mount has the same file there.
+func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, unlinked, ok bool) {
 	var st unix.Stat_t
 	if err := b.fstat(fd, &st); err != nil {
 		return "", 0, false, false
@@ -151,6 +159,7 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 	}
 	abs := string(buf[:n])
 	var rel string
+	past := false
 	switch {
 	case abs == b.real:
 		rel = "/"
@@ -159,7 +168,7 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
 		rel = abs[len(b.real):]
 	case strings.HasPrefix(abs, "/") && b.pastMount(fd):
-		rel = abs // named from the root of a mount the layer had before
+		rel, past = abs, true // named from the root of a mount the layer had before
 	default:
 		return "", 0, false, false
 	}
@@ -170,6 +179,18 @@ func (b *backing) spacePath(fd int) (p string, nlink uint64, unlinked, ok bool) 
 			return "", 0, true, true
 		}
 		return "", 0, false, false
+	}
+	if past && !b.isAt(rel, &st) {
+		// A detached mount never sees a rename made through the current
+		// one (a node looked up before the remount opens through it
+		// still): the name it gives is the file's only if the current
+		// mount has the same file there, and so is the name the view
+		// last saw; else which name it has now is not known, and nothing
+		// is assumed.
+		if seen == "" || !b.isAt(seen, &st) {
+			return "", 0, false, false
+		}
+		rel = seen
 	}
 	return rel, uint64(st.Nlink), false, true
 }

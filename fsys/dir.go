@@ -144,7 +144,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			}
 			d.bo, d.bn = 0, nb
 			// The directory may have moved since the last batch.
-			p, _, unlinked, ok := b.spacePath(d.fd)
+			p, _, unlinked, ok := b.spacePathSeen(d.fd, d.dirPath)
 			d.dirPath, d.dirOK = p, ok && !unlinked
 		}
 		name, typ, ino, off, reclen := parseDirent(d.buf[d.bo:d.bn])

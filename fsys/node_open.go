@@ -127,7 +127,10 @@ func (h *fileHandle) decide(audit bool) bool {
 		h.fdMu.RUnlock()
 		return false
 	}
-	p, nlink, unlinked, ok := b.spacePath(h.fd)
+	h.mu.Lock()
+	seen := h.last
+	h.mu.Unlock()
+	p, nlink, unlinked, ok := b.spacePathSeen(h.fd, seen)
 	h.fdMu.RUnlock()
 	h.mu.Lock()
 	switch {

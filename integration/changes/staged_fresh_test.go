@@ -195,3 +195,25 @@ func TestStagedViewShowsFileReplacedInBacking(t *testing.T) {
 		}
 	})
 }
+
+// TestStagedDescriptorFromBeforeARemountIsDecidedByItsNameNow: a file held
+// open across a remount (a discard) and then moved, through the new
+// mount, under a path the next context hides reads nothing after the
+// switch: a descriptor of a detached mount is decided by the name it
+// gives only while the current mount has the same file there (a rename
+// made since is not seen by the detached mount); else the name is not
+// known and the descriptor is refused.
+func TestStagedDescriptorFromBeforeARemountIsDecidedByItsNameNow(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `printf 'dm only' > s.md && printf junk > junk.md`)
+	first, ask := testenv.ConverseAsNobody(t, "hold", mnt+"/memories/s.md")
+	if first != "open" {
+		t.Fatalf("open: %s", first)
+	}
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"memories/junk.md"}}, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `mv s.md private/s.md`)
+	d.SetContext("s", testenv.Guild)
+	if got := ask("r"); strings.Contains(got, "dm only") {
+		t.Fatalf("a descriptor of a file moved under a hidden path reads after the switch: %s", got)
+	}
+}

@@ -217,3 +217,27 @@ func TestStagedDescriptorFromBeforeARemountIsDecidedByItsNameNow(t *testing.T) {
 		t.Fatalf("a descriptor of a file moved under a hidden path reads after the switch: %s", got)
 	}
 }
+
+// TestStagedWorkingDirectoryMovedAfterARemountIsDecidedByItsNameNow: a
+// process whose working directory was entered before a remount, and moved
+// after it under a path the next context hides, reads nothing through it
+// after the switch, as natively its directory would be hidden.
+func TestStagedWorkingDirectoryMovedAfterARemountIsDecidedByItsNameNow(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `mkdir d && printf 'dm only' > d/f.md && printf junk > junk.md`)
+	sh := testenv.StartShell(t)
+	if ok, res := sh.Do("cd", mnt+"/memories/d"); !ok {
+		t.Fatalf("cd: %s", res)
+	}
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"memories/junk.md"}}, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `mv d private/d`)
+	d.SetContext("s", testenv.Guild)
+	for _, name := range []string{"f.md", "./f.md"} {
+		if ok, res := sh.Do("cat", name); ok || strings.Contains(res, "dm only") {
+			t.Fatalf("cat %s in a working directory moved under a hidden path, after the switch: %v %s", name, ok, res)
+		}
+	}
+	if ok, res := sh.Do("ls", "."); ok && strings.Contains(res, "f.md") {
+		t.Fatalf("ls of a working directory moved under a hidden path, after the switch: %s", res)
+	}
+}

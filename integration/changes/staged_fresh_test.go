@@ -241,3 +241,25 @@ func TestStagedWorkingDirectoryMovedAfterARemountIsDecidedByItsNameNow(t *testin
 		t.Fatalf("ls of a working directory moved under a hidden path, after the switch: %s", res)
 	}
 }
+
+// TestStagedDirectoryHeldAcrossARemountIsDecidedByItsNameNow: a directory
+// opened before a remount and moved after it under a path the next
+// context hides lists nothing, and opens nothing relative to it, after the
+// switch.
+func TestStagedDirectoryHeldAcrossARemountIsDecidedByItsNameNow(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `mkdir d && printf 'dm only' > d/f.md && printf junk > junk.md`)
+	first, ask := testenv.ConverseAsNobody(t, "dirhold", mnt+"/memories/d")
+	if first != "open" {
+		t.Fatalf("open: %s", first)
+	}
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"memories/junk.md"}}, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `mv d private/d`)
+	d.SetContext("s", testenv.Guild)
+	if got := ask("ls"); strings.Contains(got, "f.md") {
+		t.Fatalf("a directory held across a remount and moved under a hidden path lists after the switch: %s", got)
+	}
+	if got := ask("at f.md"); strings.Contains(got, "dm only") {
+		t.Fatalf("a directory held across a remount and moved under a hidden path opens after the switch: %s", got)
+	}
+}

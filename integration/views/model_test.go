@@ -501,9 +501,15 @@ func (m *model) stagedStep(i int) bool {
 		method = "changes.commit"
 	case r < 3:
 		method = "changes.discard"
+	case r < 5:
+		return m.stagedCheckpoint(i)
+	case r < 7 && len(m.cps) > 0:
+		return m.stagedRollback(i)
 	default:
 		return false
 	}
+	// A commit or a discard drops the session's checkpoints.
+	defer func() { m.cps = nil }()
 	shown := testenv.BackingTree(m.t, m.shown)
 	var res struct {
 		Committed, Discarded int
@@ -543,6 +549,53 @@ func (m *model) stagedStep(i int) bool {
 	}
 	if len(diffs) > 0 {
 		m.fail("%s (external changes since the last: %v):\n%s", what, external, strings.Join(diffs, "\n"))
+	}
+	return true
+}
+
+// stagedCheckpoint makes a checkpoint of the staged session: of its layer,
+// kept with what its view shows then.
+func (m *model) stagedCheckpoint(i int) bool {
+	var res struct{ ID string }
+	m.d.Call("checkpoint.create", map[string]any{"session": "a"}, &res)
+	m.made++
+	m.cps = append(m.cps, modelCheckpoint{id: res.ID, tree: testenv.BackingTree(m.t, m.shown)})
+	m.log = append(m.log, fmt.Sprintf("%d: checkpoint %s (staged)", i, res.ID))
+	return true
+}
+
+// stagedRollback rolls the staged session back to one of its checkpoints:
+// never a conflict, never a change to the backing tree, and, when nothing
+// but the session changed the backing tree since the checkpoint, the view
+// shows exactly what it showed then.
+func (m *model) stagedRollback(i int) bool {
+	k := len(m.cps) - 1
+	if m.cprng.Intn(3) == 0 {
+		k = m.cprng.Intn(len(m.cps))
+	}
+	cp := m.cps[k]
+	lower := testenv.BackingTree(m.t, m.h.Path("memories"))
+	var res testenv.RollbackResult
+	m.d.Call("checkpoint.rollback", map[string]any{"session": "a", "checkpoint": cp.id}, &res)
+	m.log = append(m.log, fmt.Sprintf("%d: rollback to %s (staged; external changes since: %v): %d restored, %d conflicts",
+		i, cp.id, cp.external, res.Restored, len(res.Conflicts)))
+	m.undone++
+	m.cps = m.cps[:k+1]
+	// The view's files change under their names: what a held handle
+	// reads is judged again after the next switch, reload or rename.
+	m.backingChanged = true
+	if len(res.Conflicts) != 0 {
+		m.fail("a staged rollback to %s has conflicts %+v", cp.id, res.Conflicts)
+	}
+	if diffs := testenv.TreeDiff(lower, testenv.BackingTree(m.t, m.h.Path("memories"))); len(diffs) > 0 {
+		m.fail("a staged rollback to %s changed the backing tree:\n%s", cp.id, strings.Join(diffs, "\n"))
+	}
+	if cp.external {
+		return true
+	}
+	m.exact++
+	if diffs := testenv.TreeDiff(cp.tree, testenv.BackingTree(m.t, m.shown)); len(diffs) > 0 {
+		m.fail("the staged view after a rollback to %s is not what it showed then:\n%s", cp.id, strings.Join(diffs, "\n"))
 	}
 	return true
 }

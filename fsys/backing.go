@@ -23,10 +23,8 @@ type backing struct {
 	// or the backing tree a staged layer is merged over).
 	above string
 	// merged: a staged layer merged over a backing tree by overlayfs,
-	// which reports to inotify only what is changed through it: a
-	// change made in the backing tree beneath it would go unreported, so
-	// its directories are not watched and their entries keep the short
-	// TTL.
+	// which reports to inotify only what is changed through it: its
+	// directories are watched in the backing tree (above), node.watch.
 	merged bool
 	// gens and curMnt: a merged backing's mounts (remount.go).
 	gens   atomic.Pointer[mergedGens]

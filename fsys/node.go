@@ -337,10 +337,24 @@ func dirOf(p string) string {
 // watch makes sure the watcher watches n's directory (at path), once the
 // kernel uses n: a node made by a lookup may be dropped for one go-fuse
 // already has, so only a node the kernel names is watched.
+//
+// A staged view's directory is watched in the backing tree its layer is
+// merged over: overlayfs reports to inotify only what changes through it,
+// and everything that changes the layer goes through the view (which the
+// kernel sees) or mounts it afresh (a commit, discard or rollback, and
+// the backing watch's remounts, each dropping every cached entry of the
+// space). A directory only the layer has is not watched (short TTL).
 func (n *node) watch(path string) {
-	if w := n.view.host.watcher; w != nil && n.wd.Load() == 0 && !n.backing().merged {
-		w.add(n, n.backing().real+path)
+	w := n.view.host.watcher
+	if w == nil || n.wd.Load() != 0 {
+		return
 	}
+	b := n.backing()
+	if b.merged {
+		w.add(n, b.above+path)
+		return
+	}
+	w.add(n, b.real+path)
 }
 
 // OnForget: the kernel holds the node no more; its watch and its listing

@@ -244,8 +244,8 @@ func (h *Hub) Close() error {
 			err = fmt.Errorf("unmount hub %s: %w", h.dir, e)
 		}
 		// The kernel ends the connection once the last lazily detached
-		// view bound from the hub lets go of it, which takes more than 10 s
-		// on a heavily loaded machine (load 77, a test's daemon exited 1).
+		// view bound from the hub lets go of it: seconds, on a heavily
+		// loaded machine.
 		if !h.conn.Release(30*time.Second, h.log, nil) {
 			err = errors.Join(err, fmt.Errorf("unmount hub %s: server did not stop", h.dir))
 		}

@@ -93,6 +93,9 @@ func (d *Daemon) openLayer(s *session, restored bool) *control.Error {
 func (d *Daemon) backingWatch() *changes.BackingWatch {
 	d.stagedWatchMu.Lock()
 	defer d.stagedWatchMu.Unlock()
+	if !d.cfg.StagedWatch {
+		return nil
+	}
 	if d.stagedWatch == nil && !d.closing.Load() {
 		w, err := changes.NewBackingWatch(0)
 		if err != nil {

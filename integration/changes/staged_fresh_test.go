@@ -163,7 +163,7 @@ func eventually(t *testing.T, dir, script, want, what string) {
 // a discard and after a commit.
 func TestStagedViewShowsFileReplacedInBacking(t *testing.T) {
 	onEachConnection(t, func(t *testing.T, flags []string) {
-		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, flags...)
+		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, append(flags, "--staged-watch")...)
 		ws := d.Home.Path("workspace")
 		view := mnt + "/workspace"
 		if got := testenv.ShAsNobody(t, view, `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {

@@ -93,7 +93,7 @@ func (d *Daemon) openLayer(s *session, restored bool) *control.Error {
 func (d *Daemon) backingWatch() *changes.BackingWatch {
 	d.stagedWatchMu.Lock()
 	defer d.stagedWatchMu.Unlock()
-	if !d.cfg.StagedWatch {
+	if d.cfg.NoStagedWatch {
 		return nil
 	}
 	if d.stagedWatch == nil && !d.closing.Load() {

@@ -42,14 +42,12 @@ type Config struct {
 	AllowUIDs      []uint32
 	AllowOther     bool
 	AllowHardlinks bool
-	// StagedWatch mounts a staged layer afresh when names change beneath
-	// its backing tree (changes.BackingWatch). Off by default: a
-	// descriptor a program holds across a remount is refused once the
-	// file is renamed through the new mount (fsys, a detached mount's
-	// names), and git and sqlite fail while another writer works in the
-	// same tree; without it a staged view is mounted afresh at commits,
-	// discards and rollbacks only (docs/changes.md).
-	StagedWatch bool
+	// NoStagedWatch turns off the watch that mounts a staged layer afresh
+	// when names change beneath its backing tree (changes.BackingWatch):
+	// a staged view is then mounted afresh at commits, discards and
+	// rollbacks only, and shows what it first saw of a backing entry
+	// another writer replaced between them (docs/changes.md).
+	NoStagedWatch bool
 	// MountRoot is where peers other than root and the daemon's uid may
 	// have the daemon create their mountpoints (default /run/condfs/views).
 	MountRoot string

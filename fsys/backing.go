@@ -165,8 +165,8 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 		rel = abs
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
 		rel = abs[len(b.real):]
-	case strings.HasPrefix(abs, "/") && b.pastMount(fd):
-		rel, past = abs, true // named from the root of a mount the layer had before
+	case strings.HasPrefix(abs, "/") && b.onOwnMount(fd):
+		rel, past = abs, true // named from the root of a mount of the layer, detached
 	default:
 		return "", 0, false, false
 	}

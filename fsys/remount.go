@@ -72,14 +72,29 @@ func (b *backing) ownMount(mnt uint64) bool {
 // current one (detached by a remount): the kernel names what is on it
 // from that mount's root, which is the space's root.
 func (b *backing) pastMount(fd int) bool {
+	mnt, ok := b.mountOf(fd)
+	return ok && mnt != b.curMnt.Load()
+}
+
+// onOwnMount: fd is on a mount of a merged backing, the current one or
+// one before it. A mount being replaced is detached before the root is
+// swapped (and a handle's read, which the remount does not hold back,
+// may look in between): what is on it is then named from its root too.
+func (b *backing) onOwnMount(fd int) bool {
+	_, ok := b.mountOf(fd)
+	return ok
+}
+
+// mountOf gives the mount fd is on if it is one of a merged backing's.
+func (b *backing) mountOf(fd int) (uint64, bool) {
 	if !b.merged {
-		return false
+		return 0, false
 	}
 	var stx unix.Statx_t
 	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx) != nil || stx.Mask&unix.STATX_MNT_ID == 0 {
-		return false
+		return 0, false
 	}
-	return stx.Mnt_id != b.curMnt.Load() && b.ownMount(stx.Mnt_id)
+	return stx.Mnt_id, b.ownMount(stx.Mnt_id)
 }
 
 // fstat is unix.Fstat with the device as the view names it.
@@ -135,9 +150,10 @@ var ErrNotStaged = errors.New("the space is not served from a staged layer")
 // space from before (every entry expired or dropped, every node's
 // attributes and cached pages), as a switch keeps nothing it changes.
 //
-// A descriptor opened before stays on the mount it was opened on: it reads
-// and writes the inode it opened (a file the remount's edit removed from
-// the layer is one no path names any more).
+// The view's open files move onto the new mount with their offsets and
+// locks (remount_handles.go); a file the remount's edit removed from the
+// layer stays open on the old one, where it reads and writes the inode it
+// opened, one no path names any more.
 func (v *View) Remount(spaceName string, mount func() (int, error)) error {
 	return v.RemountSpaces([]string{spaceName}, func() (map[string]int, error) {
 		fd, err := mount()
@@ -193,7 +209,10 @@ func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error
 		}
 		if serr := b.swapRoot(fd); serr != nil {
 			err = errors.Join(err, serr)
+			continue
 		}
+		moved, kept := v.moveHandles(sps[i], b)
+		v.log.Debug("remount", "space", n, "files moved", moved, "files left on the old mount", kept)
 	}
 	closeFDs(fds) // spaces it was not asked for
 	v.remountMu.Unlock()

@@ -54,7 +54,7 @@ unmount every view and remove the socket.`, stderr)
 	fs.DurationVar(&f.cacheTTL, "cache-ttl", time.Minute, "how long the kernel may cache entries and attributes no rule governs; inotify on the backing trees keeps them fresh (1s: everything cached for a second, no inotify; use it for backing trees on network filesystems)")
 	fs.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics at /metrics on a Unix socket path or a loopback address such as 127.0.0.1:9464 (default: off)")
 	fs.BoolVar(&f.allowHardlinks, "allow-hardlinks", false, "show multiply-linked files and allow link() in spaces with rules (unsafe)")
-	fs.BoolVar(&f.stagedWatch, "staged-watch", false, "mount a staged layer afresh when its backing tree changes beneath it (experimental: programs holding files across a remount fail)")
+	fs.BoolVar(&f.stagedWatch, "staged-watch", true, "mount a staged layer afresh when names change in its backing tree (false: only at commits, discards and rollbacks)")
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ func (f *serveFlags) configure(fs *pflag.FlagSet, stderr io.Writer, level slog.L
 		Conditions: f.conditions, Policy: f.policy, BlocksDir: f.blocks,
 		Memories: f.memories, Workspace: f.workspace,
 		Socket: f.socket, SocketMode: os.FileMode(mode), SocketGroup: group, AllowUIDs: uids,
-		AllowOther: f.allowOther, AllowHardlinks: f.allowHardlinks, StagedWatch: f.stagedWatch,
+		AllowOther: f.allowOther, AllowHardlinks: f.allowHardlinks, NoStagedWatch: !f.stagedWatch,
 		MountRoot: f.mountRoot, MaxConns: f.maxConns, MaxConnsPerUID: f.maxConnsPerUID, StateDir: f.stateDir,
 		HubDir: f.hubDir, MaxSessions: f.maxSessions, MaxSessionsPerUID: f.maxSessionsPerUID, WarmRuns: f.warmRuns, EgressCapture: f.egressCapture, Metrics: f.metricsAddr, CacheTTL: f.cacheTTL,
 		Logger: logger, Audit: auditLog,

@@ -163,7 +163,7 @@ func eventually(t *testing.T, dir, script, want, what string) {
 // a discard and after a commit.
 func TestStagedViewShowsFileReplacedInBacking(t *testing.T) {
 	onEachConnection(t, func(t *testing.T, flags []string) {
-		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, append(flags, "--staged-watch")...)
+		d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, flags...)
 		ws := d.Home.Path("workspace")
 		view := mnt + "/workspace"
 		if got := testenv.ShAsNobody(t, view, `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
@@ -261,5 +261,63 @@ func TestStagedDirectoryHeldAcrossARemountIsDecidedByItsNameNow(t *testing.T) {
 	}
 	if got := ask("at f.md"); strings.Contains(got, "dm only") {
 		t.Fatalf("a directory held across a remount and moved under a hidden path opens after the switch: %s", got)
+	}
+}
+
+// TestStagedDescriptorFollowsItsFileAcrossARemount: a file held open
+// across a remount (a discard of another path) and then renamed through
+// the view is read and written through the descriptor under its new name,
+// as natively: a remount moves every open file onto the new mount.
+func TestStagedDescriptorFollowsItsFileAcrossARemount(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `printf 'mine' > s.md && printf junk > junk.md`)
+	first, ask := testenv.ConverseAsNobody(t, "hold", mnt+"/memories/s.md")
+	if first != "open" {
+		t.Fatalf("open: %s", first)
+	}
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"memories/junk.md"}}, nil)
+	testenv.ShAsNobody(t, mnt+"/memories", `mv s.md t.md`)
+	if got := ask("r"); got != `read "mine"` {
+		t.Fatalf("a held file renamed after a remount reads %s", got)
+	}
+	if got := ask("w"); got != "wrote" {
+		t.Fatalf("a held file renamed after a remount: write answers %s", got)
+	}
+	if got := testenv.ShAsNobody(t, mnt+"/memories", `cat t.md`); got != "Wine" {
+		t.Fatalf("the file written through the held descriptor holds %q", got)
+	}
+}
+
+// TestStagedLockHeldAcrossARemountStillExcludes: a lock taken before a
+// remount keeps every descriptor opened after it out, and is let go as
+// before: each mount of a layer has inodes of its own, so a lock held on
+// the old mount's would exclude nothing opened on the new.
+func TestStagedLockHeldAcrossARemountStillExcludes(t *testing.T) {
+	for _, kind := range []string{"flock", "ofd", "posix"} {
+		t.Run(kind, func(t *testing.T) {
+			d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+			testenv.ShAsNobody(t, mnt+"/memories", `printf x > l.md && printf junk > junk.md`)
+			first, holder := testenv.ConverseAsNobody(t, "locker", mnt+"/memories/l.md")
+			if first != "open" {
+				t.Fatalf("open: %s", first)
+			}
+			if got := holder(kind + " w nb"); got != "ok" {
+				t.Fatalf("lock: %s", got)
+			}
+			d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"memories/junk.md"}}, nil)
+			first, other := testenv.ConverseAsNobody(t, "locker", mnt+"/memories/l.md")
+			if first != "open" {
+				t.Fatalf("open after the remount: %s", first)
+			}
+			if got := other(kind + " w nb"); got != "errno EAGAIN" && got != "errno EWOULDBLOCK" {
+				t.Fatalf("a lock held across a remount: another descriptor's lock answers %s", got)
+			}
+			if got := holder(kind + " un"); got != "ok" {
+				t.Fatalf("unlock after the remount: %s", got)
+			}
+			if got := other(kind + " w nb"); got != "ok" {
+				t.Fatalf("a lock let go after a remount: another descriptor's lock answers %s", got)
+			}
+		})
 	}
 }

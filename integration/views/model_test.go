@@ -830,13 +830,9 @@ func modelRun(t *testing.T, c modelCase, budget time.Duration) {
 			h.Write("memories/"+p, "seed "+p)
 		}
 		testenv.ChownTree(t, h.Path("memories"), testenv.Nobody)
-		var flags []string
-		if c.staged {
-			// Other writers change the backing tree: the staged view is
-			// mounted afresh after each change (the model waits for it).
-			flags = append(flags, "--staged-watch")
-		}
-		d := testenv.Start(t, h, flags...)
+		// Other writers change the backing tree: a staged view is mounted
+		// afresh after each change (the model waits for it).
+		d := testenv.Start(t, h)
 		m := &model{t: t, h: h, d: d, seed: seed, handles: map[string]*heldFile{}, moved: map[string]string{}, rng: rand.New(rand.NewSource(seed)),
 			changes: c.changes, staged: c.staged, shown: h.Path("memories"), cprng: rand.New(rand.NewSource(seed ^ 0x5eed))}
 		m.setRules(0)

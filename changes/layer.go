@@ -39,6 +39,10 @@ type Layer struct {
 	opts   LayerOptions
 	spaces map[string]*layerSpace
 	names  []string // the spaces, sorted
+	// userns: the daemon is not root, and each mount of the layer is
+	// made in a user namespace of its own, attached nowhere
+	// (layer_userns.go).
+	userns bool
 
 	mu     sync.Mutex
 	closed bool
@@ -89,8 +93,33 @@ type layerSpace struct {
 var ErrNotStaged = errors.New("no staged change")
 
 // ErrLayerUnavailable: staged sessions need the kernel's overlayfs, which
-// only a root daemon may mount.
-var ErrLayerUnavailable = errors.New("staged sessions need a daemon running as root (the layer is merged by the kernel's overlayfs)")
+// a daemon that is not root mounts in a user namespace of its own
+// (layer_userns.go): a kernel before 5.11, or one that lets no user
+// namespace be made, has none for it.
+var ErrLayerUnavailable = errors.New("staged sessions need overlayfs, which this daemon cannot mount (not root, and no user namespace may mount it)")
+
+// chownIfNot gives fd's directory the owner uid and group gid unless it
+// has them: a daemon that is not root may not chown even to itself where
+// its group differs.
+func chownIfNot(fd int, uid, gid uint32) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Uid == uid && st.Gid == gid {
+		return nil
+	}
+	return unix.Fchownat(fd, "", int(uid), int(gid), unix.AT_EMPTY_PATH)
+}
+
+// MergedRoot is a descriptor of the directory the session's view serves
+// for space (the layer keeps it; a remount gives the view a new one).
+func (l *Layer) MergedRoot(space string) int {
+	if sp, ok := l.spaces[space]; ok {
+		return sp.mergedFD
+	}
+	return -1
+}
 
 const opaqueXattr = "user.overlay.opaque"
 
@@ -102,9 +131,6 @@ func OpenLayer(opts LayerOptions) (*Layer, error) {
 	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
-	}
-	if os.Geteuid() != 0 {
-		return nil, ErrLayerUnavailable
 	}
 	if opts.Fresh {
 		// What a crashed daemon left mounted goes first: RemoveAll
@@ -126,7 +152,8 @@ func OpenLayer(opts LayerOptions) (*Layer, error) {
 	if err := os.Chmod(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("staged: %w", err)
 	}
-	l := &Layer{opts: opts, spaces: map[string]*layerSpace{}, base: map[key]state{}, sizes: map[key]int64{}}
+	l := &Layer{opts: opts, spaces: map[string]*layerSpace{}, base: map[key]state{}, sizes: map[key]int64{},
+		userns: os.Geteuid() != 0}
 	for name := range opts.Roots {
 		l.names = append(l.names, name)
 	}
@@ -178,7 +205,7 @@ func (l *Layer) open() error {
 		if err := unix.Fchmodat(unix.AT_FDCWD, sp.upper, st.Mode&0o7777, 0); err != nil {
 			return fmt.Errorf("staged: layer %s: %w", name, err)
 		}
-		if err := unix.Lchown(sp.upper, int(st.Uid), int(st.Gid)); err != nil {
+		if err := chownIfNot(sp.upperFD, st.Uid, st.Gid); err != nil {
 			return fmt.Errorf("staged: layer %s: %w", name, err)
 		}
 		if err := l.mountSpace(sp); err != nil {

@@ -38,6 +38,18 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 	if err := safepath.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("staged: %w", err)
 	}
+	if l.userns {
+		fd, err := mountInUserNS(sp, work)
+		if err != nil {
+			return err
+		}
+		if sp.mergedFD >= 0 {
+			unix.Close(sp.mergedFD)
+		}
+		sp.mergedFD = fd
+		l.dropOldWork(sp, work)
+		return nil
+	}
 	if !sp.mounted || !mountBeneath(sp, work) {
 		if err := unmountUnder(sp.merged); err != nil {
 			return fmt.Errorf("staged: %w", err)

@@ -36,9 +36,6 @@ func (d *Daemon) changesMode(mode string) (string, *control.Error) {
 		if d.cfg.StateDir == "" {
 			return "", control.Errorf(control.CodeInvalidParams, "changes \"staged\": a staged session keeps its layer under the state directory, and this daemon has none (--state-dir)")
 		}
-		if os.Geteuid() != 0 {
-			return "", control.Errorf(control.CodeInvalidParams, "changes \"staged\": %v", changes.ErrLayerUnavailable)
-		}
 		return mode, nil
 	}
 	return "", control.Errorf(control.CodeInvalidParams, "changes %q: want \"direct\" or \"staged\"", mode)
@@ -94,6 +91,13 @@ func (d *Daemon) backingWatch() *changes.BackingWatch {
 	d.stagedWatchMu.Lock()
 	defer d.stagedWatchMu.Unlock()
 	if d.cfg.NoStagedWatch {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		// A fanotify mark of a whole filesystem needs CAP_SYS_ADMIN.
+		d.stagedWatchOnce.Do(func() {
+			d.log.Warn("staged sessions: a daemon that is not root cannot watch the backing trees; a view shows a file another writer replaced as it was until a commit, discard or rollback")
+		})
 		return nil
 	}
 	if d.stagedWatch == nil && !d.closing.Load() {

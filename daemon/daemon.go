@@ -147,8 +147,9 @@ type Daemon struct {
 	changesHeld   sync.Map      // uid → *atomic.Int64: what its sessions' checkpoints hold (changes.go)
 	// stagedWatch tells staged layers of changes in their backing trees;
 	// made with the first staged session (changes.go).
-	stagedWatchMu sync.Mutex
-	stagedWatch   *changes.BackingWatch
+	stagedWatchMu   sync.Mutex
+	stagedWatchOnce sync.Once // the warning that an unprivileged daemon has no watch
+	stagedWatch     *changes.BackingWatch
 
 	stopWatch func()
 }

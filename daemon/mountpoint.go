@@ -26,12 +26,17 @@ func (d *Daemon) mountView(r openRequest, mount string, layer *changes.Layer) (*
 	defer unix.Close(fd)
 	id := r.id
 	memories, workspace, memOver, wsOver := d.cfg.Memories, d.cfg.Workspace, "", ""
+	memRoot, wsRoot := 0, 0
 	if layer != nil {
-		// A staged view serves the layer merged over the backing tree.
+		// A staged view serves the layer merged over the backing tree,
+		// from the layer's descriptors of its mounts (which an
+		// unprivileged daemon's are attached nowhere).
 		memories, workspace, memOver, wsOver = layer.Merged("memories"), layer.Merged("workspace"), memories, workspace
+		memRoot, wsRoot = layer.MergedRoot("memories"), layer.MergedRoot("workspace")
 	}
 	v, err := d.host.Mount(fsys.Options{
 		Mountpoint: mount, MountFD: fd, Memories: memories, Workspace: workspace, MemoriesOver: memOver, WorkspaceOver: wsOver,
+		MemoriesRoot: memRoot, WorkspaceRoot: wsRoot,
 		Rules: d.conditions, Replaced: &d.replaced, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {

@@ -44,8 +44,16 @@ type backing struct {
 // the same mount (a bind mount elsewhere may differ in its flags).
 type backingKey struct{ dev, ino, mnt uint64 }
 
-func openBacking(dir string) (*backing, error) {
-	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// openBacking opens the backing directory dir, or takes a copy of root
+// (when positive), a descriptor of the directory dir names.
+func openBacking(dir string, root int) (*backing, error) {
+	var fd int
+	var err error
+	if root > 0 {
+		fd, err = unix.FcntlInt(uintptr(root), unix.F_DUPFD_CLOEXEC, 0)
+	} else {
+		fd, err = unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open backing directory %s: %w", dir, err)
 	}
@@ -162,7 +170,10 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 	case abs == b.real:
 		rel = "/"
 	case b.real == "/" && strings.HasPrefix(abs, "/"):
-		rel = abs
+		// A merged root attached nowhere (an unprivileged daemon's
+		// layer) is "/" too: what a mount before it holds is named from
+		// that mount's root, as a detached mount's is.
+		rel, past = abs, b.pastMount(fd)
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
 		rel = abs[len(b.real):]
 	case strings.HasPrefix(abs, "/") && b.onOwnMount(fd):
@@ -220,12 +231,13 @@ type backingSet struct {
 
 // acquire is openBacking, sharing the open directory when another view
 // already has the same one; release gives it back.
-func (s *backingSet) acquire(dir string) (*backing, error) { return s.acquireOver(dir, "") }
+func (s *backingSet) acquire(dir string) (*backing, error) { return s.acquireOver(dir, 0, "") }
 
 // acquireOver is acquire for a directory merged over the directory over
-// (when set): callers' search permission is checked above over.
-func (s *backingSet) acquireOver(dir, over string) (*backing, error) {
-	b, err := openBacking(dir)
+// (when set): callers' search permission is checked above over. root,
+// when positive, is a descriptor of dir (openBacking).
+func (s *backingSet) acquireOver(dir string, root int, over string) (*backing, error) {
+	b, err := openBacking(dir, root)
 	if err != nil {
 		return nil, err
 	}

@@ -84,6 +84,12 @@ type Options struct {
 	// directory): a caller must be able to search the directories above
 	// them, as natively, and those are watched.
 	MemoriesOver, WorkspaceOver string
+	// MemoriesRoot and WorkspaceRoot, when positive, are descriptors of
+	// the merged directories (the view takes copies of them), served
+	// instead of opening Memories and Workspace, which then only name
+	// them: an unprivileged daemon's layer is mounted in a user namespace
+	// of its own and attached nowhere the daemon could name by a path.
+	MemoriesRoot, WorkspaceRoot int
 	Rules                       Rules
 	// Replaced, if set, gives the rules a reload is replacing while it is
 	// applied (nil otherwise): what they list for runs to execute stays
@@ -249,8 +255,9 @@ func (h *Host) newView(opts Options) (*View, error) {
 	set := opts.Context
 	v.authz.atoms.Store(&set)
 	over := [2]string{opts.MemoriesOver, opts.WorkspaceOver}
+	roots := [2]int{opts.MemoriesRoot, opts.WorkspaceRoot}
 	for i, dir := range []string{opts.Memories, opts.Workspace} {
-		b, err := h.backings.acquireOver(dir, over[i])
+		b, err := h.backings.acquireOver(dir, roots[i], over[i])
 		if err != nil {
 			v.closeBacking()
 			return nil, err

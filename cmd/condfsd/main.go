@@ -5,6 +5,7 @@
 package main
 
 import (
+	"github.com/condfs/condfs/changes"
 	"os"
 
 	"github.com/condfs/condfs/internal/cli"
@@ -31,6 +32,10 @@ func main() {
 	// that process must do nothing else.
 	if len(os.Args) > 1 && os.Args[1] == "sandbox-init" {
 		sandbox.InitMain()
+	}
+	// And as the child that mounts an unprivileged daemon's staged layer.
+	if len(os.Args) > 1 && os.Args[1] == "layer-mount" {
+		changes.MountMain()
 	}
 	// Usage lines and errors say "condfs", the name users type.
 	p := cli.Program{Name: "condfs", Intro: intro, Commands: commands}

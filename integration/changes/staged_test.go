@@ -355,10 +355,11 @@ func TestStagedViewShowsBackingChangesToUnstagedPaths(t *testing.T) {
 	}
 }
 
-// TestStagedRefusedByAnUnprivilegedDaemon: a daemon that is not root
-// cannot mount the layer; session.open staged says so (-32602) and mounts
-// nothing.
-func TestStagedRefusedByAnUnprivilegedDaemon(t *testing.T) {
+// TestStagedRefusedWhereNoUserNamespaceMayMountTheLayer: a daemon that is
+// not root mounts a staged layer in a user namespace of its own; where
+// the kernel refuses it one, session.open staged says so (-32602) and
+// mounts nothing.
+func TestStagedRefusedWhereNoUserNamespaceMayMountTheLayer(t *testing.T) {
 	testenv.RequireUnprivilegedFUSE(t)
 	h := testenv.OpenHome(t, testenv.PrivateRule)
 	os.MkdirAll(h.Path("run"), 0o755)
@@ -367,7 +368,7 @@ func TestStagedRefusedByAnUnprivilegedDaemon(t *testing.T) {
 	sock := h.Path("run/condfs.sock")
 	cmd := testenv.CommandAs(testenv.Nobody,
 		testenv.Condfs(), "serve", "--root", h.Root, "--socket", sock)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.Root}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + h.Root, "CONDFS_TEST_USERNS_AS_ROOT=1"}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +390,7 @@ func TestStagedRefusedByAnUnprivilegedDaemon(t *testing.T) {
 	defer c.Close()
 	err := c.Call("session.open", map[string]any{"id": "st", "mount": h.Path("mnt/v"), "context": testenv.DM, "changes": "staged"}, nil)
 	if e, ok := err.(*control.Error); !ok || e.Code != control.CodeInvalidParams || !strings.Contains(e.Message, "staged") {
-		t.Fatalf("staged on an unprivileged daemon: %v", err)
+		t.Fatalf("staged where no user namespace may be made: %v", err)
 	}
 	if m := testenv.MountsUnder(h.Root); len(m) > 0 {
 		t.Fatalf("a refused staged session left mounts: %v", m)

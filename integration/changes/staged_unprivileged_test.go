@@ -1,0 +1,87 @@
+package changes
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/condfs/condfs/internal/testenv"
+)
+
+// TestUnprivilegedDaemonStagesChanges: a daemon that is not root keeps a
+// staged session's changes in its layer (mounted in a user namespace of
+// its own, attached nowhere): the backing tree and another session see
+// none of them until the commit; a checkpoint is rolled back to, a path
+// discarded, the rest committed; a file held open and locked across each
+// remount stays locked.
+func TestUnprivilegedDaemonStagesChanges(t *testing.T) {
+	testenv.RequireUnprivilegedFUSE(t)
+	h := testenv.OpenHome(t, testenv.ChangesRules)
+	h.Write("workspace/a.txt", "alpha\n")
+	h.Write("workspace/gone.txt", "gone\n")
+	h.Write("workspace/d/x.txt", "x\n")
+	os.MkdirAll(h.Path("run"), 0o755)
+	testenv.ChownTree(t, h.Root, testenv.Nobody)
+	d := testenv.StartUnder(t, h, testenv.AsUID(testenv.Nobody))
+	mnt, other := h.Path("mnt/s"), h.Path("mnt/o")
+	d.Call("session.open", map[string]any{"id": "s", "mount": mnt, "context": testenv.DM, "owner": testenv.Nobody, "changes": "staged"}, nil)
+	d.Call("session.open", map[string]any{"id": "o", "mount": other, "context": testenv.DM, "owner": testenv.Nobody}, nil)
+	ws := mnt + "/workspace"
+
+	testenv.ShAsNobody(t, ws, `printf l > l.txt`)
+	first, holder := testenv.ConverseAsNobody(t, "locker", ws+"/l.txt")
+	if first != "open" {
+		t.Fatalf("open: %s", first)
+	}
+	if got := holder("ofd w nb"); got != "ok" {
+		t.Fatalf("lock: %s", got)
+	}
+	testenv.ShAsNobody(t, ws, `printf changed > a.txt && printf new > n.txt && rm gone.txt && mkdir dd && printf y > dd/y.txt && mv d e`)
+	if got := testenv.ShAsNobody(t, ws, `cat a.txt n.txt dd/y.txt e/x.txt; ls`); got != "changednewyx\na.txt\ndd\ne\nl.txt\nn.txt" {
+		t.Fatalf("the staged view: %q", got)
+	}
+	if got := testenv.ShAsNobody(t, other+"/workspace", `cat a.txt gone.txt d/x.txt; ls`); got != "alpha\ngone\nx\na.txt\nd\ngone.txt" {
+		t.Fatalf("another session sees the staged changes: %q", got)
+	}
+	if got, _ := os.ReadFile(h.Path("workspace/a.txt")); string(got) != "alpha\n" {
+		t.Fatalf("the backing tree changed before the commit: %q", got)
+	}
+	want := "A workspace/dd/ A workspace/dd/y.txt A workspace/e/ A workspace/e/x.txt A workspace/l.txt A workspace/n.txt D workspace/d/ D workspace/gone.txt M workspace/a.txt"
+	if got, _ := stagedDiff(d, "s"); strings.Join(got, " ") != want {
+		t.Fatalf("changes:\n%s\nwant\n%s", strings.Join(got, " "), want)
+	}
+
+	d.Call("checkpoint.create", map[string]any{"session": "s", "name": "one"}, nil)
+	testenv.ShAsNobody(t, ws, `printf again > a.txt && rm n.txt`)
+	d.Call("checkpoint.rollback", map[string]any{"session": "s", "checkpoint": "one"}, nil)
+	if got := testenv.ShAsNobody(t, ws, `cat a.txt n.txt`); got != "changednew" {
+		t.Fatalf("after the rollback: %q", got)
+	}
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"workspace/n.txt"}}, nil)
+	first, other2 := testenv.ConverseAsNobody(t, "locker", ws+"/l.txt")
+	if first != "open" {
+		t.Fatalf("open after the remounts: %s", first)
+	}
+	if got := other2("ofd w nb"); got != "errno EAGAIN" {
+		t.Fatalf("a lock held across the remounts: another descriptor's lock answers %s", got)
+	}
+	var res commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &res)
+	if len(res.Conflicts) != 0 || res.Committed == 0 {
+		t.Fatalf("commit: %+v", res)
+	}
+	got := testenv.BackingTree(t, h.Path("workspace"))
+	for p, want := range map[string]string{"/a.txt": `"changed"`, "/l.txt": `"l"`, "/dd/y.txt": `"y"`, "/e/x.txt": `"x\n"`} {
+		if !strings.Contains(got[p], want) {
+			t.Errorf("after the commit the backing %s is %s, want %s", p, got[p], want)
+		}
+	}
+	for _, p := range []string{"/n.txt", "/gone.txt", "/d"} {
+		if _, ok := got[p]; ok {
+			t.Errorf("after the commit the backing tree has %s", p)
+		}
+	}
+	if got := holder("ofd un"); got != "ok" {
+		t.Fatalf("unlock: %s", got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -43,6 +44,10 @@ type Layer struct {
 	// made in a user namespace of its own, attached nowhere
 	// (layer_userns.go).
 	userns bool
+	// namesChanged: the spaces whose backing tree's names changed, each
+	// with its remount pending (BackingNamesChanged); guarded by mu.
+	namesChanged map[string]*time.Timer
+	remounts     sync.WaitGroup // remounts pending or under way
 
 	mu     sync.Mutex
 	closed bool
@@ -1368,6 +1373,14 @@ func (l *Layer) shut(remove bool) error {
 	for _, stop := range l.unwatch { // a remount in progress ends first
 		stop()
 	}
+	l.mu.Lock()
+	for _, t := range l.namesChanged {
+		if t.Stop() {
+			l.remounts.Done()
+		}
+	}
+	l.mu.Unlock()
+	l.remounts.Wait()
 	var errs []error
 	mounted := false
 	for _, sp := range l.spaces {

@@ -264,3 +264,42 @@ func beneath(r *watchedRoot, handle unix.FileHandle) bool {
 	}
 	return p == r.real || strings.HasPrefix(p, strings.TrimSuffix(r.real, "/")+"/")
 }
+
+// BackingNamesChanged tells the layer that a name was made, removed or
+// moved at path in space's backing tree: the view's own watch of the
+// backing directories it has looked up reports it (fsys.Options.OnBackingNames)
+// where the daemon has no BackingWatch (one that is not root). The space
+// is mounted again after DefaultWatchDelay, once for every change in that
+// time, as a BackingWatch does. A change inside the layer's own directory
+// (a state directory within the backing tree) never counts: each remount
+// changes it.
+func (l *Layer) BackingNamesChanged(space, path string) {
+	dir, err := filepath.Abs(l.opts.Dir)
+	if err != nil || path == dir || strings.HasPrefix(path, dir+"/") {
+		return
+	}
+	if _, ok := l.spaces[space]; !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.namesChanged[space] != nil {
+		return
+	}
+	if l.namesChanged == nil {
+		l.namesChanged = map[string]*time.Timer{}
+	}
+	l.remounts.Add(1)
+	l.namesChanged[space] = time.AfterFunc(DefaultWatchDelay, func() {
+		defer l.remounts.Done()
+		l.mu.Lock()
+		delete(l.namesChanged, space)
+		l.mu.Unlock()
+		if err := l.Remount(space); err != nil {
+			l.opts.Log.Warn("staged: the layer could not be mounted again after its backing tree changed", "space", space, "err", err)
+		}
+	})
+}
+
+// Watched: a BackingWatch tells the layer of its backing trees' changes.
+func (l *Layer) Watched() bool { return l.opts.Watch != nil }

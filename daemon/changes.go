@@ -96,7 +96,7 @@ func (d *Daemon) backingWatch() *changes.BackingWatch {
 	if os.Geteuid() != 0 {
 		// A fanotify mark of a whole filesystem needs CAP_SYS_ADMIN.
 		d.stagedWatchOnce.Do(func() {
-			d.log.Warn("staged sessions: a daemon that is not root cannot watch the backing trees; a view shows a file another writer replaced as it was until a commit, discard or rollback")
+			d.log.Warn("staged sessions: a daemon that is not root cannot mark the backing filesystems; a staged view is mounted afresh when names change in a backing directory it has looked up (its inotify watches)")
 		})
 		return nil
 	}

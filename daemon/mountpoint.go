@@ -34,9 +34,15 @@ func (d *Daemon) mountView(r openRequest, mount string, layer *changes.Layer) (*
 		memories, workspace, memOver, wsOver = layer.Merged("memories"), layer.Merged("workspace"), memories, workspace
 		memRoot, wsRoot = layer.MergedRoot("memories"), layer.MergedRoot("workspace")
 	}
+	var onNames func(space, path string)
+	if layer != nil && !layer.Watched() && !d.cfg.NoStagedWatch {
+		// No fanotify watch (a daemon that is not root): the view's own
+		// watch of the backing directories it looked up tells the layer.
+		onNames = layer.BackingNamesChanged
+	}
 	v, err := d.host.Mount(fsys.Options{
 		Mountpoint: mount, MountFD: fd, Memories: memories, Workspace: workspace, MemoriesOver: memOver, WorkspaceOver: wsOver,
-		MemoriesRoot: memRoot, WorkspaceRoot: wsRoot,
+		MemoriesRoot: memRoot, WorkspaceRoot: wsRoot, OnBackingNames: onNames,
 		Rules: d.conditions, Replaced: &d.replaced, Context: r.atoms, Owner: r.owner, AllowUIDs: r.allowUIDs,
 		AllowHardlinks: d.cfg.AllowHardlinks, AllowOther: d.cfg.AllowOther,
 		OnDeny: func(atoms cctx.Set, sp acl.Space, p, op string) {

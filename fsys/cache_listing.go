@@ -350,6 +350,10 @@ func (n *node) changed(name string, mask uint32, dir string, multiNamedAt func(p
 			v.dropListings(nil)
 		}
 	}
+	if f := v.opts.OnBackingNames; f != nil && name != "" && n.backing().merged &&
+		mask&(unix.IN_CREATE|unix.IN_DELETE|unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0 {
+		f(n.space.String(), dir+"/"+name)
+	}
 	in := n.EmbeddedInode()
 	in.NotifyContent(-1, 0) // the directory's own attributes (mtime, nlink)
 	if name == "" {

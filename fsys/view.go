@@ -90,7 +90,14 @@ type Options struct {
 	// them: an unprivileged daemon's layer is mounted in a user namespace
 	// of its own and attached nowhere the daemon could name by a path.
 	MemoriesRoot, WorkspaceRoot int
-	Rules                       Rules
+	// OnBackingNames, if set, is told (never holding a lock of the view)
+	// of each name made, removed or moved in a directory of a merged
+	// space's backing tree that the view watches (every directory it has
+	// looked up there): the layer's mount keeps what it looked up of the
+	// backing tree, and is mounted afresh (a daemon with no fanotify
+	// watch of the backing filesystems).
+	OnBackingNames func(space, path string)
+	Rules          Rules
 	// Replaced, if set, gives the rules a reload is replacing while it is
 	// applied (nil otherwise): what they list for runs to execute stays
 	// read-only until the runs follow the new rules (decision.readOnly).

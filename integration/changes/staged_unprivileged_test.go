@@ -15,17 +15,7 @@ import (
 // discarded, the rest committed; a file held open and locked across each
 // remount stays locked.
 func TestUnprivilegedDaemonStagesChanges(t *testing.T) {
-	testenv.RequireUnprivilegedFUSE(t)
-	h := testenv.OpenHome(t, testenv.ChangesRules)
-	h.Write("workspace/a.txt", "alpha\n")
-	h.Write("workspace/gone.txt", "gone\n")
-	h.Write("workspace/d/x.txt", "x\n")
-	os.MkdirAll(h.Path("run"), 0o755)
-	testenv.ChownTree(t, h.Root, testenv.Nobody)
-	d := testenv.StartUnder(t, h, testenv.AsUID(testenv.Nobody))
-	mnt, other := h.Path("mnt/s"), h.Path("mnt/o")
-	d.Call("session.open", map[string]any{"id": "s", "mount": mnt, "context": testenv.DM, "owner": testenv.Nobody, "changes": "staged"}, nil)
-	d.Call("session.open", map[string]any{"id": "o", "mount": other, "context": testenv.DM, "owner": testenv.Nobody}, nil)
+	d, h, mnt, other := unprivilegedStagedHome(t)
 	ws := mnt + "/workspace"
 
 	testenv.ShAsNobody(t, ws, `printf l > l.txt`)
@@ -83,5 +73,44 @@ func TestUnprivilegedDaemonStagesChanges(t *testing.T) {
 	}
 	if got := holder("ofd un"); got != "ok" {
 		t.Fatalf("unlock: %s", got)
+	}
+}
+
+// unprivilegedStagedHome starts a daemon as uid 65534 over a home of its
+// own, with a staged session s and a direct session o.
+func unprivilegedStagedHome(t *testing.T) (d *testenv.Daemon, h *testenv.Home, mnt, other string) {
+	testenv.RequireUnprivilegedFUSE(t)
+	h = testenv.OpenHome(t, testenv.ChangesRules)
+	h.Write("workspace/a.txt", "alpha\n")
+	h.Write("workspace/gone.txt", "gone\n")
+	h.Write("workspace/d/x.txt", "x\n")
+	os.MkdirAll(h.Path("run"), 0o755)
+	testenv.ChownTree(t, h.Root, testenv.Nobody)
+	d = testenv.StartUnder(t, h, testenv.AsUID(testenv.Nobody))
+	mnt, other = h.Path("mnt/s"), h.Path("mnt/o")
+	d.Call("session.open", map[string]any{"id": "s", "mount": mnt, "context": testenv.DM, "owner": testenv.Nobody, "changes": "staged"}, nil)
+	d.Call("session.open", map[string]any{"id": "o", "mount": other, "context": testenv.DM, "owner": testenv.Nobody}, nil)
+	return d, h, mnt, other
+}
+
+// TestUnprivilegedStagedViewShowsFileReplacedInBacking: a daemon that is
+// not root has no fanotify watch of the backing filesystem, yet a backing
+// file another writer replaces by rename, and a directory removed and
+// made again, show in its staged view that had looked them up: the view's
+// watch of the backing directories it looked up tells the layer, which is
+// mounted afresh.
+func TestUnprivilegedStagedViewShowsFileReplacedInBacking(t *testing.T) {
+	_, h, mnt, _ := unprivilegedStagedHome(t)
+	view := mnt + "/workspace"
+	if got := testenv.ShAsNobody(t, view, `cat a.txt d/x.txt && printf n > new.txt`); got != "alpha\nx" {
+		t.Fatalf("before: %q", got)
+	}
+	ws := h.Path("workspace")
+	replaceByRename(t, ws+"/a.txt", "renamed over\n")
+	eventually(t, view, `cat a.txt`, "renamed over", "a file replaced by rename")
+	remakeDir(t, ws+"/d", "y.txt", "y\n")
+	eventually(t, view, `ls d; cat d/y.txt`, "y.txt\ny", "a directory removed and made again")
+	if got := testenv.ShAsNobody(t, view, `cat new.txt`); got != "n" {
+		t.Fatalf("the session's own change after the remounts: %q", got)
 	}
 }

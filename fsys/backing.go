@@ -26,6 +26,8 @@ type backing struct {
 	// which reports to inotify only what is changed through it: its
 	// directories are watched in the backing tree (above), node.watch.
 	merged bool
+	// lowerDev: a merged backing's backing tree's device (linkFS).
+	lowerDev uint64
 	// gens and curMnt: a merged backing's mounts (remount.go).
 	gens   atomic.Pointer[mergedGens]
 	curMnt atomic.Uint64
@@ -219,6 +221,19 @@ func (b *backing) isAt(rel string, st *unix.Stat_t) bool {
 	return b.fstat(fd, &at) == nil && at.Dev == st.Dev && at.Ino == st.Ino
 }
 
+// linkFS names the filesystem whose link counts b's files have, by its
+// device and a directory on it, for the link watch: b's own, or a merged
+// backing's backing tree. What the session has not changed in the layer is
+// the backing tree's inode there, with its link count (index=off, no
+// hard-link index), and nothing links a file of the layer: Link refuses
+// (EXDEV), and the layer's own directory is the daemon's.
+func (b *backing) linkFS() (dev uint64, dir string) {
+	if b.merged {
+		return b.lowerDev, b.above
+	}
+	return b.dev, b.real
+}
+
 // backingSet holds a host's open backing directories, shared by every view
 // over the same directory: a session then costs no descriptor of its own,
 // and a node holds thousands. Its lock guards the map alone: a directory
@@ -247,7 +262,12 @@ func (s *backingSet) acquireOver(dir string, root int, over string) (*backing, e
 			unix.Close(b.fd)
 			return nil, fmt.Errorf("backing directory %s: %w", over, err)
 		}
-		b.above, b.merged = abs, true
+		var st unix.Stat_t
+		if err := unix.Stat(abs, &st); err != nil {
+			unix.Close(b.fd)
+			return nil, fmt.Errorf("backing directory %s: %w", over, err)
+		}
+		b.above, b.merged, b.lowerDev = abs, true, st.Dev
 		b.initGens()
 		b.curMnt.Store(b.key.mnt)
 	}

@@ -169,7 +169,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			mode = st.Mode
 			d.lastSt, d.lastOK = st, true
 			if !dec.hardlinks {
-				v.host.watcher.shows(&st)
+				v.host.watcher.shows(b, &st)
 			}
 			if dec.hides(sp, p, &st, func() (string, error) { return readlinkat(d.fd, name) }) {
 				if st.Mode&unix.S_IFMT == unix.S_IFREG && !d.node.noListCache.Swap(true) {

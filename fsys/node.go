@@ -320,7 +320,7 @@ func (n *node) newChild(ctx context.Context, st *unix.Stat_t, path string, ruled
 		}
 	}
 	if n.view.decision().hidesLinked(n.space) {
-		w.shows(st)
+		w.shows(n.backing(), st)
 	}
 	child := &node{view: n.view, space: n.space, dev: st.Dev, ino: st.Ino}
 	return n.NewInode(ctx, child, n.view.stableAttr(st))

@@ -686,7 +686,10 @@ func (v *View) linkedOn(devs map[uint64]bool) {
 	}
 	d, dropped := v.decision(), false
 	for sp, b := range v.spaces.dirs {
-		if b == nil || !devs[b.dev] || !d.hidesLinked(space(sp)) {
+		if b == nil || !d.hidesLinked(space(sp)) {
+			continue
+		}
+		if dev, _ := b.linkFS(); !devs[dev] {
 			continue
 		}
 		if in := v.root.GetChild(space(sp).String()); in != nil {

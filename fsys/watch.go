@@ -463,10 +463,10 @@ func (w *Watcher) linkedOn(devs map[uint64]bool) {
 	}
 }
 
-// shows records that a view shows the file st in a space with rules.
-func (w *Watcher) shows(st *unix.Stat_t) {
+// shows records that a view shows the file st of b in a space with rules.
+func (w *Watcher) shows(b *backing, st *unix.Stat_t) {
 	if w != nil {
-		w.links.show(st)
+		w.links.show(b, st)
 	}
 }
 

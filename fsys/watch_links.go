@@ -55,52 +55,65 @@ func newLinkWatch(hk hooks) *linkWatch {
 // watches reports whether link counts on b's filesystem are reported,
 // marking the filesystem the first time.
 func (l *linkWatch) watches(b *backing) bool {
-	if l == nil || b.merged {
-		// A staged layer's overlayfs: its anonymous device is used again
-		// by later mounts, and a mark would hold the mount for the
-		// daemon's life. Its directories are not watched either.
+	if l == nil {
 		return false
 	}
+	// A staged layer's files are its backing tree's (linkFS): the mark
+	// is on that filesystem, never on the layer's overlayfs, whose
+	// anonymous device later mounts use again and which a mark would hold
+	// for the daemon's life.
+	dev, dir := b.linkFS()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead {
 		return false
 	}
-	if _, ok := l.marked[b.dev]; ok {
+	if _, ok := l.marked[dev]; ok {
 		return true
 	}
-	if l.failed[b.dev] {
+	if l.failed[dev] {
 		return false
 	}
-	err := unix.FanotifyMark(int(l.f.Fd()), unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, unix.FAN_ATTRIB, unix.AT_FDCWD, b.real)
+	err := unix.FanotifyMark(int(l.f.Fd()), unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, unix.FAN_ATTRIB, unix.AT_FDCWD, dir)
 	if err != nil {
 		// A filesystem without file handles (ENODEV, EOPNOTSUPP, EXDEV)
 		// or a directory gone.
-		l.failed[b.dev] = true
+		l.failed[dev] = true
 		return false
 	}
 	// open_by_handle_at takes no O_PATH fd.
-	fd, err := unix.Open(b.real, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		l.failed[b.dev] = true
+		l.failed[dev] = true
 		return false
 	}
+	var st unix.Stat_t
 	var sf unix.Statfs_t
-	if err := unix.Fstatfs(fd, &sf); err != nil {
+	if unix.Fstat(fd, &st) != nil || st.Dev != dev || unix.Fstatfs(fd, &sf) != nil {
+		// Not the filesystem the device names (the directory was
+		// replaced by a mountpoint meanwhile): not marked as that one.
 		unix.Close(fd)
-		l.failed[b.dev] = true
+		l.failed[dev] = true
 		return false
 	}
-	l.marked[b.dev] = mark{fd: fd, fsid: sf.Fsid}
+	l.marked[dev] = mark{fd: fd, fsid: sf.Fsid}
 	return true
 }
 
-// show records a regular file a view shows in a space with rules.
-func (l *linkWatch) show(st *unix.Stat_t) {
+// show records a regular file of b a view shows in a space with rules, by
+// the device of b's linkFS: a staged layer shows a file the session has
+// not changed with the backing tree's inode number (xino=off), and one it
+// has changed is the layer's own, whose number an event never names but by
+// chance (a cache dropped for nothing).
+func (l *linkWatch) show(b *backing, st *unix.Stat_t) {
 	if l == nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return
 	}
-	k := [2]uint64{st.Dev, st.Ino}
+	dev, _ := b.linkFS()
+	if !b.merged {
+		dev = st.Dev
+	}
+	k := [2]uint64{dev, st.Ino}
 	l.mu.Lock()
 	if _, ok := l.shown[k]; !ok && !l.shownAll {
 		if len(l.shown) >= shownMax {

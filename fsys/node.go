@@ -31,6 +31,9 @@ type node struct {
 	// so that a shared mapping from before it was listed cannot bring
 	// pages it wrote back into the cache.
 	writers atomic.Int32
+
+	// forgotten: the kernel holds the node no more (OnForget).
+	forgotten atomic.Bool
 }
 
 func (n *node) backing() *backing { return n.view.spaces.dirs[n.space] }
@@ -360,6 +363,7 @@ func (n *node) watch(path string) {
 // OnForget: the kernel holds the node no more; its watch and its listing
 // record go.
 func (n *node) OnForget() {
+	n.forgotten.Store(true)
 	if w := n.view.host.watcher; w != nil {
 		w.remove(n)
 	}
@@ -428,6 +432,12 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut, list
 		return nil, syscall.ENOENT
 	}
 	n.watch(dirOf(t.path))
+	if n.view.claim(n, name, &t) {
+		// Another file of its number is at the name the view gives it
+		// (aliases.go).
+		n.view.auditDeny(t.d.atoms, n.space, t.path, "a second file of one inode number")
+		return nil, syscall.ENOENT
+	}
 	return n.newChild(ctx, &t.st, t.path, t.ruled, out), 0
 }
 

@@ -232,6 +232,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return errnoOf(err)
 	}
 	noteRenamed(rec, n.space, src.path, dst.path, dirMoves, exchange)
+	n.view.renamed(&src.st, src.b, np, newName)
+	if exchange {
+		n.view.renamed(&dst.st, dst.b, n, name)
+	}
 	n.view.host.renames.Add(1)
 	renamed, dev = true, src.b.dev
 	if (src.isDir() || (exchange && dst.isDir())) && d.ruledSpace(n.space) {

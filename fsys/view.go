@@ -139,6 +139,7 @@ type View struct {
 	mnt     mountState
 	cache   kernelCache // what the kernel caches of the view
 	handles handleSet   // open files, for revocation
+	aliases aliasSet    // the name of each number of a staged space (aliases.go)
 	caller  callerState
 	stats   viewStats
 	// remountMu: every operation of a view serving a staged layer holds it

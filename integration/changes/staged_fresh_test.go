@@ -321,3 +321,49 @@ func TestStagedLockHeldAcrossARemountStillExcludes(t *testing.T) {
 		})
 	}
 }
+
+// TestStagedListedBinaryNeverShowsTheSessionsCopy: a backing file the
+// session copied into its layer (a chmod), then installed by another
+// writer under a path [sandbox] lists (renamed there in the backing tree,
+// as build tools install), is two files in the staged view with one
+// inode number: overlayfs numbers the copy as the file it came from. The
+// listed path, read-only in the view, never shows what the session writes
+// to its copy, whichever name the view looked up first.
+func TestStagedListedBinaryNeverShowsTheSessionsCopy(t *testing.T) {
+	rules := testenv.PrivateRule + `
+[sandbox]
+binaries = ["/bin/sh", "/usr/bin/cat", "/workspace/bin/"]
+`
+	for _, first := range []string{"bin/tool tool.new", "tool.new bin/tool"} {
+		t.Run(first, func(t *testing.T) {
+			d, mnt, _ := stagedHome(t, rules, func(h *testenv.Home) {
+				h.Write("workspace/tool.new", "ORIGINAL\n")
+				os.Chown(h.Path("workspace/tool.new"), testenv.Nobody, testenv.Nobody)
+				os.Mkdir(h.Path("workspace/bin"), 0o755)
+			})
+			ws := d.Home.Path("workspace")
+			view := mnt + "/workspace"
+			if got := testenv.ShAsNobody(t, view, `chmod 0755 tool.new && cat tool.new`); got != "ORIGINAL" {
+				t.Fatalf("the session's copy: %q", got)
+			}
+			if err := os.Rename(ws+"/tool.new", ws+"/bin/tool"); err != nil {
+				t.Fatal(err)
+			}
+			replaceByRename(t, ws+"/bin/marker", "m\n")
+			eventually(t, view, `cat bin/marker`, "m", "a file installed after the binary")
+			got := testenv.ShAsNobody(t, view, `stat -c %n `+first+` >/dev/null 2>&1; { mv tool.new tool.x && mv tool.x tool.new && printf 'EVIL\n' 1<> tool.new && cat tool.new; } 2>&1; echo ---; cat bin/tool 2>&1 || true`)
+			copied, listed, _ := strings.Cut(got, "---\n")
+			// With the backing file's inode looked up first, overlayfs may
+			// refuse the copy's name (ESTALE) while it keeps that inode.
+			if copied != "EVIL\nNAL\n" && (strings.HasPrefix(first, "tool.new") || !strings.Contains(got, "Stale file handle")) {
+				t.Fatalf("the session's copy, written, reads %q", got)
+			}
+			if strings.Contains(listed, "EVIL") {
+				t.Fatalf("the listed binary, read through the view, shows the session's copy: %q", listed)
+			}
+			if b, _ := os.ReadFile(ws + "/bin/tool"); string(b) != "ORIGINAL\n" {
+				t.Fatalf("the backing binary holds %q", b)
+			}
+		})
+	}
+}

@@ -26,8 +26,9 @@ import (
 // directory's node and the name in it (the directory's path follows the
 // view's renames).
 type aliasSet struct {
-	mu sync.Mutex
-	m  map[uint64]aliasName
+	mu    sync.Mutex
+	m     map[uint64]aliasName
+	limit int // the size at which names of forgotten directories are dropped
 }
 
 type aliasName struct {
@@ -35,9 +36,10 @@ type aliasName struct {
 	name string
 }
 
-// maxAliasNames bounds the names kept before those of directories the
-// kernel forgot are dropped.
-const maxAliasNames = 1 << 16
+// minAliasSweep is the fewest names kept before those of directories the
+// kernel forgot are dropped; after a sweep, the set may double before the
+// next (each name costs a sweep O(1), amortized).
+const minAliasSweep = 1 << 16
 
 // claim gives the regular file t (at name in dir) the number it has, and
 // reports false, unless another file of that number is still at the name
@@ -89,12 +91,13 @@ func (s *aliasSet) put(key uint64, e aliasName) {
 	if s.m == nil {
 		s.m = map[uint64]aliasName{}
 	}
-	if len(s.m) >= maxAliasNames {
+	if len(s.m) >= max(s.limit, minAliasSweep) {
 		for k, o := range s.m {
 			if o.dir.forgotten.Load() {
 				delete(s.m, k)
 			}
 		}
+		s.limit = 2 * len(s.m)
 	}
 	s.m[key] = e
 }

@@ -28,13 +28,15 @@ type backing struct {
 	merged bool
 	// lowerDev: a merged backing's backing tree's device (linkFS).
 	lowerDev uint64
-	// gens and curMnt: a merged backing's mounts (remount.go).
-	gens   atomic.Pointer[mergedGens]
-	curMnt atomic.Uint64
-	fd     int // O_PATH directory fd of the root (a merged one's is repointed by Remount)
-	dev    uint64
-	root   unix.Stat_t
-	key    backingKey
+	// gens and curMnt: a merged backing's mounts (remount.go);
+	// remounting: a remount may have detached the current one.
+	gens       atomic.Pointer[mergedGens]
+	curMnt     atomic.Uint64
+	remounting atomic.Bool
+	fd         int // O_PATH directory fd of the root (a merged one's is repointed by Remount)
+	dev        uint64
+	root       unix.Stat_t
+	key        backingKey
 	// local: a filesystem whose attributes the kernel always has current
 	// (statName answers from one statx); others are asked again.
 	local bool
@@ -169,6 +171,34 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 	var rel string
 	past := false
 	switch {
+	case b.merged && b.real != "/":
+		// The mount fd is on says how its name reads: the current one,
+		// attached at the merged directory, names it beneath b.real; any
+		// other of the layer's (detached by a remount) from its own root.
+		// The text alone cannot tell (a detached mount's name may begin
+		// with b.real's), nor can the mount while a remount replaces it
+		// (detached before the root is swapped): the name is then read
+		// as the current mount's only if that mount holds the file there.
+		mnt, own := b.mountOf(fd)
+		if !own || !strings.HasPrefix(abs, "/") {
+			return "", 0, false, false
+		}
+		beneath, under := "", false
+		switch {
+		case abs == b.real:
+			beneath, under = "/", true
+		case strings.HasPrefix(abs, b.real+"/"):
+			beneath, under = abs[len(b.real):], true
+		}
+		cur := mnt == b.curMnt.Load()
+		switch {
+		case cur && under && !b.remounting.Load():
+			rel = beneath
+		case cur && under && b.isAt(beneath, &st):
+			rel = beneath
+		default:
+			rel, past = abs, true
+		}
 	case abs == b.real:
 		rel = "/"
 	case b.real == "/" && strings.HasPrefix(abs, "/"):
@@ -178,8 +208,6 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 		rel, past = abs, b.pastMount(fd)
 	case strings.HasPrefix(abs, b.real) && len(abs) > len(b.real) && abs[len(b.real)] == '/':
 		rel = abs[len(b.real):]
-	case strings.HasPrefix(abs, "/") && b.onOwnMount(fd):
-		rel, past = abs, true // named from the root of a mount of the layer, detached
 	default:
 		return "", 0, false, false
 	}

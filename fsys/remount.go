@@ -76,15 +76,6 @@ func (b *backing) pastMount(fd int) bool {
 	return ok && mnt != b.curMnt.Load()
 }
 
-// onOwnMount: fd is on a mount of a merged backing, the current one or
-// one before it. A mount being replaced is detached before the root is
-// swapped (and a handle's read, which the remount does not hold back,
-// may look in between): what is on it is then named from its root too.
-func (b *backing) onOwnMount(fd int) bool {
-	_, ok := b.mountOf(fd)
-	return ok
-}
-
 // mountOf gives the mount fd is on if it is one of a merged backing's.
 func (b *backing) mountOf(fd int) (uint64, bool) {
 	if !b.merged {
@@ -195,6 +186,11 @@ func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error
 		return err
 	}
 	v.remountMu.Lock()
+	for _, sp := range sps {
+		if b := v.spaces.dirs[sp]; b != nil {
+			b.remounting.Store(true) // until its root is swapped
+		}
+	}
 	fds, err := mount()
 	for i, n := range names {
 		fd, ok := fds[n]
@@ -215,6 +211,11 @@ func (v *View) RemountSpaces(names []string, mount func() (map[string]int, error
 		v.log.Debug("remount", "space", n, "files moved", moved, "files left on the old mount", kept)
 	}
 	closeFDs(fds) // spaces it was not asked for
+	for _, sp := range sps {
+		if b := v.spaces.dirs[sp]; b != nil {
+			b.remounting.Store(false)
+		}
+	}
 	v.remountMu.Unlock()
 	var swapped []space
 	for _, sp := range sps {

@@ -348,27 +348,40 @@ func (l *Layer) pruneCommitted(sp *layerSpace, done []staged, conflicts []Confli
 // moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5).
 const moveMountBeneath = 0x200
 
+// fsmountOverlay makes an overlayfs mount of upper over lower, attached
+// nowhere, and gives its descriptor.
+func fsmountOverlay(lower, upper, work string) (int, error) {
+	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen overlay: %w", err)
+	}
+	defer unix.Close(fs)
+	for _, kv := range [][2]string{{"lowerdir", lower}, {"upperdir", upper}, {"workdir", work},
+		{"redirect_dir", "nofollow"}, {"index", "off"}, {"metacopy", "off"}, {"xino", "off"}} {
+		if err := unix.FsconfigSetString(fs, kv[0], kv[1]); err != nil {
+			return -1, fmt.Errorf("overlay %s=%s: %w", kv[0], kv[1], err)
+		}
+	}
+	if err := unix.FsconfigSetFlag(fs, "userxattr"); err != nil {
+		return -1, fmt.Errorf("overlay userxattr: %w", err)
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("create the overlay: %w", err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount: %w", err)
+	}
+	return m, nil
+}
+
 // mountBeneath mounts sp's layer afresh beneath the mount on its merged
 // directory and then detaches that one: the merged directory never shows
 // an empty directory between the two (a path resolved there meanwhile
 // reaches one mount or the other). False, with nothing changed, where the
 // kernel cannot (then the old mount is detached first).
 func mountBeneath(sp *layerSpace, work string) bool {
-	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return false
-	}
-	defer unix.Close(fs)
-	for _, kv := range [][2]string{{"lowerdir", sp.lower}, {"upperdir", sp.upper}, {"workdir", work},
-		{"redirect_dir", "nofollow"}, {"index", "off"}, {"metacopy", "off"}, {"xino", "off"}} {
-		if unix.FsconfigSetString(fs, kv[0], kv[1]) != nil {
-			return false
-		}
-	}
-	if unix.FsconfigSetFlag(fs, "userxattr") != nil || unix.FsconfigCreate(fs) != nil {
-		return false
-	}
-	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	m, err := fsmountOverlay(sp.lower, sp.upper, work)
 	if err != nil {
 		return false
 	}

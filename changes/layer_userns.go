@@ -71,33 +71,6 @@ func mountChild(args []string) error {
 	return unix.Sendmsg(mountFD, []byte("ok"), unix.UnixRights(m), nil, 0)
 }
 
-// fsmountOverlay makes an overlayfs mount of upper over lower, attached
-// nowhere, and gives its descriptor.
-func fsmountOverlay(lower, upper, work string) (int, error) {
-	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("fsopen overlay: %w", err)
-	}
-	defer unix.Close(fs)
-	for _, kv := range [][2]string{{"lowerdir", lower}, {"upperdir", upper}, {"workdir", work},
-		{"redirect_dir", "nofollow"}, {"index", "off"}, {"metacopy", "off"}, {"xino", "off"}} {
-		if err := unix.FsconfigSetString(fs, kv[0], kv[1]); err != nil {
-			return -1, fmt.Errorf("overlay %s=%s: %w", kv[0], kv[1], err)
-		}
-	}
-	if err := unix.FsconfigSetFlag(fs, "userxattr"); err != nil {
-		return -1, fmt.Errorf("overlay userxattr: %w", err)
-	}
-	if err := unix.FsconfigCreate(fs); err != nil {
-		return -1, fmt.Errorf("create the overlay: %w", err)
-	}
-	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-	if err != nil {
-		return -1, fmt.Errorf("fsmount: %w", err)
-	}
-	return m, nil
-}
-
 // mountInUserNS runs the child that mounts sp's layer over work and gives
 // the mount's descriptor (O_PATH, of its root). ErrLayerUnavailable: the
 // kernel lets no user namespace be made, or no overlayfs be mounted in

@@ -55,7 +55,7 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 			return fmt.Errorf("staged: %w", err)
 		}
 		sp.mounted = false
-		opt := "lowerdir=" + sp.lower + ",upperdir=" + sp.upper + ",workdir=" + work +
+		opt := "lowerdir=" + lowerFDPath(sp.lowerFD) + ",upperdir=" + sp.upper + ",workdir=" + work +
 			",userxattr,redirect_dir=nofollow,index=off,metacopy=off,xino=off"
 		if err := unix.Mount("overlay", sp.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opt); err != nil {
 			if err == unix.EPERM {
@@ -381,7 +381,7 @@ func fsmountOverlay(lower, upper, work string) (int, error) {
 // reaches one mount or the other). False, with nothing changed, where the
 // kernel cannot (then the old mount is detached first).
 func mountBeneath(sp *layerSpace, work string) bool {
-	m, err := fsmountOverlay(sp.lower, sp.upper, work)
+	m, err := fsmountOverlay(lowerFDPath(sp.lowerFD), sp.upper, work)
 	if err != nil {
 		return false
 	}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/condfs/condfs/internal/safepath"
 )
 
 // An unprivileged daemon's layer. Only root may mount overlayfs in the
@@ -40,8 +43,12 @@ var MountHelper = "/proc/self/exe"
 // mountHelperTimeout bounds a child's mount.
 const mountHelperTimeout = 10 * time.Second
 
-// mountFD is the child's end of the socket it answers on.
-const mountFD = 3
+// mountFD is the child's end of the socket it answers on; lowerFD is the
+// backing directory the layer opened.
+const (
+	mountFD = 3
+	lowerFD = 4
+)
 
 // MountMain is the child's program: it mounts the layer named by its
 // arguments (lowerdir, upperdir, workdir) and sends the mount's descriptor
@@ -64,11 +71,51 @@ func mountChild(args []string) error {
 		// Only the daemon starts it, in a user namespace where it is root.
 		return errors.New("layer-mount: only the daemon starts the layer's mount")
 	}
-	m, err := fsmountOverlay(args[0], args[1], args[2])
+	lower, err := sameLower(args[0], lowerFD)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(lower)
+	m, err := fsmountOverlay(lowerFDPath(lower), args[1], args[2])
 	if err != nil {
 		return err
 	}
 	return unix.Sendmsg(mountFD, []byte("ok"), unix.UnixRights(m), nil, 0)
+}
+
+// sameLower opens lower, with no symlink on the way, and gives its
+// descriptor if it is the directory the daemon opened (fd want): a writer
+// of the backing root's parent may have renamed it away and put another
+// directory or a symlink at its path. overlayfs takes a lower directory
+// of the child's own mount namespace only, so the child opens it again
+// rather than stacking over the daemon's descriptor.
+func sameLower(lower string, want int) (int, error) {
+	fd, err := safepath.OpenDir(lower)
+	if err != nil {
+		return -1, fmt.Errorf("layer-mount: backing %w", err)
+	}
+	var got, w unix.Stat_t
+	if err := unix.Fstat(fd, &got); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("layer-mount: backing %s: %w", lower, err)
+	}
+	if err := unix.Fstat(want, &w); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("layer-mount: the daemon's backing directory: %w", err)
+	}
+	if got.Dev != w.Dev || got.Ino != w.Ino {
+		unix.Close(fd)
+		return -1, fmt.Errorf("layer-mount: backing %s is no longer the directory the layer opened", lower)
+	}
+	return fd, nil
+}
+
+// lowerFDPath names the directory open on fd for overlayfs's lowerdir: the
+// magic link leads to that directory whatever its path names now (a
+// writer of the backing root's parent may have renamed it away and put a
+// symlink there). It has no , : or \.
+func lowerFDPath(fd int) string {
+	return "/proc/self/fd/" + strconv.Itoa(fd)
 }
 
 // mountInUserNS runs the child that mounts sp's layer over work and gives
@@ -82,9 +129,17 @@ func mountInUserNS(sp *layerSpace, work string) (int, error) {
 	}
 	defer unix.Close(pair[0])
 	child := os.NewFile(uintptr(pair[1]), "layer-mount")
+	// The child stacks the layer over the directory the layer opened (its
+	// fd 4), not over whatever sp.lower names by now.
+	lfd, err := unix.FcntlInt(uintptr(sp.lowerFD), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		child.Close()
+		return -1, fmt.Errorf("staged: %w", err)
+	}
+	lowerFile := os.NewFile(uintptr(lfd), "lower")
 	cmd := exec.Command(MountHelper, "layer-mount", sp.lower, sp.upper, work)
 	cmd.Env = []string{}
-	cmd.ExtraFiles = []*os.File{child}
+	cmd.ExtraFiles = []*os.File{child, lowerFile}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	uid, gid := userNSHost(os.Geteuid(), os.Getegid())
@@ -97,6 +152,7 @@ func mountInUserNS(sp *layerSpace, work string) (int, error) {
 	}
 	err = cmd.Start()
 	child.Close()
+	lowerFile.Close()
 	if err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSPC) {
 			return -1, fmt.Errorf("%w: no user namespace can be made: %v", ErrLayerUnavailable, err)

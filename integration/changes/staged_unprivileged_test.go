@@ -114,3 +114,34 @@ func TestUnprivilegedStagedViewShowsFileReplacedInBacking(t *testing.T) {
 		t.Fatalf("the session's own change after the remounts: %q", got)
 	}
 }
+
+// TestUnprivilegedStagedViewKeepsItsBackingRootWhenItsPathIsReplaced: a
+// writer of the backing root's parent who renames the backing directory
+// away and puts a symlink to another directory at its path changes nothing
+// the staged view serves: a mount of the layer stacks it over the
+// directory the layer opened (the one its changes are diffed against and
+// committed to) or is refused, never over whatever the path names at the
+// time, and the view keeps the mount it had.
+func TestUnprivilegedStagedViewKeepsItsBackingRootWhenItsPathIsReplaced(t *testing.T) {
+	d, h, mnt, _ := unprivilegedStagedHome(t)
+	view := mnt + "/workspace"
+	if got := testenv.ShAsNobody(t, view, `cat a.txt && printf n > n.txt`); got != "alpha" {
+		t.Fatalf("before: %q", got)
+	}
+	h.Write("elsewhere/secret.txt", "secret\n")
+	testenv.ChownTree(t, h.Path("elsewhere"), testenv.Nobody)
+	ws := h.Path("workspace")
+	if err := os.Rename(ws, ws+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(h.Path("elsewhere"), ws); err != nil {
+		t.Fatal(err)
+	}
+	// A discard mounts the layer again: refused, the path leads elsewhere.
+	if e := d.CallErr("changes.discard", map[string]any{"session": "s", "paths": []string{"workspace/n.txt"}}, -32603); !strings.Contains(e.Message, "no symlink") {
+		t.Fatalf("the remount over a replaced backing root: %s", e.Message)
+	}
+	if got := testenv.ShAsNobody(t, view, `cat a.txt; ls`); got != "alpha\na.txt\nd\ngone.txt" {
+		t.Fatalf("after the backing root's path was replaced by a symlink the view shows %q", got)
+	}
+}

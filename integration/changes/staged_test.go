@@ -477,3 +477,31 @@ func TestStagedDiffNeverShowsWhatTheOwnerCannotRead(t *testing.T) {
 		t.Fatalf("the staged diff of a root-only file removed:\n%s", out)
 	}
 }
+
+// TestStagedViewKeepsItsBackingRootWhenItsPathIsReplaced: a writer of the
+// backing root's parent who renames the backing directory away and puts a
+// symlink to another directory at its path changes nothing the staged
+// view serves: the layer is mounted again over the directory it opened
+// (the one its changes are diffed against and committed to), never over
+// whatever the path names at the time.
+func TestStagedViewKeepsItsBackingRootWhenItsPathIsReplaced(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	view := mnt + "/workspace"
+	if got := testenv.ShAsNobody(t, view, `cat a.txt && printf n > n.txt`); got != "alpha" {
+		t.Fatalf("before: %q", got)
+	}
+	d.Home.Write("elsewhere/secret.txt", "secret\n")
+	os.Chmod(d.Home.Path("elsewhere"), 0o777)
+	ws := d.Home.Path("workspace")
+	if err := os.Rename(ws, ws+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(d.Home.Path("elsewhere"), ws); err != nil {
+		t.Fatal(err)
+	}
+	// A discard mounts the layer again.
+	d.Call("changes.discard", map[string]any{"session": "s", "paths": []string{"workspace/n.txt"}}, nil)
+	if got := testenv.ShAsNobody(t, view, `cat a.txt; ls`); got != "alpha\na.txt\nd\ngone.txt\nl" {
+		t.Fatalf("after the backing root's path was replaced by a symlink the view shows %q", got)
+	}
+}

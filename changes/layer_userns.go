@@ -94,16 +94,19 @@ func sameLower(lower string, want int) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("layer-mount: backing %w", err)
 	}
-	var got, w unix.Stat_t
-	if err := unix.Fstat(fd, &got); err != nil {
+	// From what the kernel has (AT_STATX_DONT_SYNC): a FUSE filesystem a
+	// user mounted at the path is never asked, and never holds the child.
+	var got, w unix.Statx_t
+	const flags = unix.AT_EMPTY_PATH | unix.AT_STATX_DONT_SYNC
+	if err := unix.Statx(fd, "", flags, unix.STATX_INO, &got); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("layer-mount: backing %s: %w", lower, err)
 	}
-	if err := unix.Fstat(want, &w); err != nil {
+	if err := unix.Statx(want, "", flags, unix.STATX_INO, &w); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("layer-mount: the daemon's backing directory: %w", err)
 	}
-	if got.Dev != w.Dev || got.Ino != w.Ino {
+	if got.Dev_major != w.Dev_major || got.Dev_minor != w.Dev_minor || got.Ino != w.Ino {
 		unix.Close(fd)
 		return -1, fmt.Errorf("layer-mount: backing %s is no longer the directory the layer opened", lower)
 	}

@@ -105,7 +105,7 @@ type modelCheckpoint struct {
 }
 
 type heldFile struct {
-	ino  uint64
+	id   fileID
 	last string
 }
 
@@ -153,6 +153,28 @@ func (m *model) visible(p string) bool {
 // session's merged directory); lower is p in the backing tree itself.
 func (m *model) backing(p string) string { return m.shown + p }
 func (m *model) lower(p string) string   { return m.h.Path("memories") + p }
+
+// fileID names the file at p in the tree the view shows, whose stat is st.
+// A staged session's copy of a backing file reports its origin's inode
+// number in the merged directory (overlayfs on one filesystem), so there
+// the number alone would make the copy and the backing file it came from
+// (still linked elsewhere) one file: a file of the layer is named by its
+// inode in the layer's upper directory.
+type fileID struct {
+	layer bool
+	ino   uint64
+}
+
+func (m *model) fileID(p string, st *syscall.Stat_t) fileID {
+	if m.staged && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		upper := filepath.Join(filepath.Dir(filepath.Dir(m.shown)), "upper", "memories") + p
+		var ust syscall.Stat_t
+		if syscall.Lstat(upper, &ust) == nil && ust.Mode&syscall.S_IFMT == st.Mode&syscall.S_IFMT {
+			return fileID{true, ust.Ino}
+		}
+	}
+	return fileID{false, st.Ino}
+}
 
 // nativeCan approximates the kernel's check for uid 65534 with gid 65534
 // and no groups: every directory from the backing root down searchable,
@@ -325,7 +347,7 @@ func (m *model) act(i int) {
 			}
 			var st syscall.Stat_t
 			syscall.Lstat(m.backing(at), &st)
-			m.handles[id] = &heldFile{ino: st.Ino, last: at}
+			m.handles[id] = &heldFile{id: m.fileID(at, &st), last: at}
 			desc += " as handle " + id
 		}
 	case 10, 11, 12:
@@ -678,8 +700,8 @@ func (m *model) listsHidden(p, names string) string {
 func (m *model) check() {
 	v := m.view + "/memories"
 	root := m.shown
-	byIno := map[uint64]string{}
-	links := map[uint64]int{}
+	byID := map[fileID]string{}
+	links := map[fileID]int{}
 	filepath.WalkDir(root, func(full string, de fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
@@ -692,8 +714,9 @@ func (m *model) check() {
 		if syscall.Lstat(full, &st) != nil {
 			return nil
 		}
-		byIno[st.Ino] = p
-		links[st.Ino] = int(st.Nlink)
+		id := m.fileID(p, &st)
+		byID[id] = p
+		links[id] = int(st.Nlink)
 		if de.IsDir() {
 			ok, names := m.sh.Do("ls", v+strings.TrimSuffix(p, "/"))
 			if !ok {
@@ -727,13 +750,13 @@ func (m *model) check() {
 		return nil
 	})
 	for id, hf := range m.handles {
-		if p, ok := byIno[hf.ino]; ok {
+		if p, ok := byID[hf.id]; ok {
 			hf.last = p
 		}
 		// A held file is decided by its name now (its last if it has
 		// none); one with several names in this ruled space is cut off.
-		if ok, data := m.sh.Do("read", id); ok && !m.backingChanged && (!m.visible(hf.last) || links[hf.ino] > 1) {
-			m.fail("handle %s read %q from %s (%d names), which the view must deny", id, data, hf.last, links[hf.ino])
+		if ok, data := m.sh.Do("read", id); ok && !m.backingChanged && (!m.visible(hf.last) || links[hf.id] > 1) {
+			m.fail("handle %s read %q from %s (%d names), which the view must deny", id, data, hf.last, links[hf.id])
 		}
 	}
 }

@@ -131,6 +131,11 @@ const opaqueXattr = "user.overlay.opaque"
 // OpenLayer makes (or finds again) a session's layer and mounts its merged
 // directories.
 func OpenLayer(opts LayerOptions) (*Layer, error) {
+	// The upper and work directories are named in the mount's option
+	// string, where , separates options and : lower layers.
+	if strings.ContainsAny(opts.Dir, ",:\\") {
+		return nil, fmt.Errorf("staged: state directory %q: overlayfs cannot name a path with , : or \\", opts.Dir)
+	}
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 1 << 30
 	}

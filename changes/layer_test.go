@@ -645,3 +645,24 @@ func TestLayerCommitNeverAppliesAFileWrittenWhileCopied(t *testing.T) {
 		t.Fatalf("the backing file after the commit run again: %q", b)
 	}
 }
+
+// TestLayerRefusesAStateDirectoryTheMountOptionsCannotName: the upper and
+// work directories are named in overlayfs's option string, where a comma
+// would begin an option of the state directory's choosing.
+func TestLayerRefusesAStateDirectoryTheMountOptionsCannotName(t *testing.T) {
+	backing, _ := layerFixture(t)
+	for _, name := range []string{"a,lowerdir=x", "a:b", `a\b`} {
+		state := filepath.Join(t.TempDir(), name)
+		must(t, os.MkdirAll(state, 0o700))
+		must(t, os.WriteFile(filepath.Join(state, "kept"), nil, 0o600))
+		if l, err := OpenLayer(LayerOptions{Dir: state, Roots: map[string]string{"workspace": backing}, Fresh: true}); err == nil {
+			l.Close()
+			t.Fatalf("state directory %q: opened", state)
+		} else if !strings.Contains(err.Error(), "state directory") {
+			t.Errorf("state directory %q: %v; want an error naming it", state, err)
+		}
+		if _, err := os.Stat(filepath.Join(state, "kept")); err != nil {
+			t.Errorf("state directory %q: what it held is gone: %v", state, err)
+		}
+	}
+}

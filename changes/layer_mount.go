@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -27,9 +28,19 @@ import (
 // detached mount then fails: it never lands in the layer unseen), and all
 // of them when the layer opens.
 
+// mountSlots bounds the layers mounted at once, across the daemon: one
+// change to a backing tree that many staged sessions share remounts each
+// of them, and each mount at once would be a thread blocked in mount(2)
+// per session (the Go runtime ends the process at 10,000), or, in a daemon
+// that is not root, a child process and its memory per session. A mount
+// waiting for a slot holds back its own view only.
+var mountSlots = make(chan struct{}, max(4, 2*runtime.NumCPU()))
+
 // mountSpace mounts sp's merged directory with a fresh work directory,
 // after detaching whatever is mounted there, and opens its root.
 func (l *Layer) mountSpace(sp *layerSpace) error {
+	mountSlots <- struct{}{}
+	defer func() { <-mountSlots }()
 	sp.gen++
 	work := filepath.Join(sp.work, "g"+strconv.Itoa(sp.gen))
 	if err := removeLocal(work); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,13 +42,6 @@ var MountHelper = "/proc/self/exe"
 
 // mountHelperTimeout bounds a child's mount.
 const mountHelperTimeout = 10 * time.Second
-
-// mountChildren bounds the children mounting at once, across every layer
-// of the daemon: one change to a backing tree that many staged sessions
-// share remounts each of them, and a child each at once would be a
-// process, and its memory, per session. A remount waiting for a slot
-// holds back its own view only.
-var mountChildren = make(chan struct{}, max(4, 2*runtime.NumCPU()))
 
 // mountFD is the child's end of the socket it answers on; lowerFD is the
 // backing directory the layer opened.
@@ -154,8 +146,6 @@ func mountInUserNS(sp *layerSpace, work string) (int, error) {
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	uid, gid := userNSHost(os.Geteuid(), os.Getegid())
-	mountChildren <- struct{}{}
-	defer func() { <-mountChildren }()
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:                 unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}},

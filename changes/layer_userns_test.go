@@ -12,11 +12,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestLayerMountChildrenAreBoundedAcrossLayers: many staged spaces
-// mounted at once (one backing change remounts every session over it)
-// start at most cap(mountChildren) children at a time. The child here is
-// a script that records when it ran and mounts nothing.
-func TestLayerMountChildrenAreBoundedAcrossLayers(t *testing.T) {
+// TestLayerMountsAreBoundedAcrossLayers: many staged spaces mounted at
+// once (one backing change remounts every session over it) mount at most
+// cap(mountSlots) at a time: an unprivileged daemon's layers start that
+// many children. The child here is a script that records when it ran and
+// mounts nothing.
+func TestLayerMountsAreBoundedAcrossLayers(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("maps the user namespace's root to the host's: needs root")
 	}
@@ -38,15 +39,15 @@ echo "$s $(/bin/date +%%s%%N)" >> %s
 	must(t, err)
 	defer unix.Close(lfd)
 
-	n := 3 * cap(mountChildren)
+	n := 3 * cap(mountSlots)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sp := &layerSpace{name: fmt.Sprintf("s%d", i), lower: lower, upper: dir, lowerFD: lfd}
-			if fd, err := mountInUserNS(sp, dir); err == nil {
-				unix.Close(fd)
+			sp := &layerSpace{name: fmt.Sprintf("s%d", i), lower: lower, upper: dir, lowerFD: lfd, mergedFD: -1,
+				work: filepath.Join(dir, fmt.Sprintf("work%d", i))}
+			if err := (&Layer{userns: true}).mountSpace(sp); err == nil {
 				t.Errorf("space %d: mounted by a child that mounts nothing", i)
 			}
 		}()
@@ -83,7 +84,7 @@ echo "$s $(/bin/date +%%s%%N)" >> %s
 		running += e.delta
 		most = max(most, running)
 	}
-	if most > cap(mountChildren) {
-		t.Errorf("%d children ran at once; want at most %d", most, cap(mountChildren))
+	if most > cap(mountSlots) {
+		t.Errorf("%d children ran at once; want at most %d", most, cap(mountSlots))
 	}
 }

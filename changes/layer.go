@@ -1274,7 +1274,9 @@ func (l *Layer) commitOne(sp *layerSpace, c staged) error {
 // transparent first, revealAbove), and the space is mounted again, so the
 // view shows what the backing tree holds there now, and what another
 // writer changes there later. Nothing is copied: a discard never adds to
-// the layer. Run again after a crash, it ends the same.
+// the layer. A file overlayfs copied up when it was opened for writing,
+// and never changed, is no change: it stays, with its base (keptCopies).
+// Run again after a crash, it ends the same.
 func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
@@ -1314,17 +1316,59 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 		// held there is noted afresh at the session's next change (a
 		// path noted for an operation that then failed would otherwise
 		// keep what the backing tree held before the discard).
+		forget := func(k key) {
+			kept := l.keptCopies(l.spaces[k.space], k.path)
+			err = errors.Join(err, l.forgetBase(k))
+			for kk, st := range kept {
+				err = errors.Join(err, l.noteBase(kk, st))
+			}
+		}
 		if len(sel) == 0 {
 			for _, name := range l.names {
-				err = errors.Join(err, l.forgetBase(key{name, "/"}))
+				forget(key{name, "/"})
 			}
 		}
 		for _, s := range sel {
-			err = errors.Join(err, l.forgetBase(key{s.Space, s.Path}))
+			forget(key{s.Space, s.Path})
 		}
 	}
 	l.mu.Unlock()
 	return res, err
+}
+
+// keptCopies gives what the backing tree held, as base notes it, for each
+// file at or below p that the layer still holds after a discard: a copy
+// overlayfs made when the session opened a backing file for writing and
+// never changed (the same as the backing file, so no change lists it, and
+// a descriptor may still be open on it). A copy with no note is the
+// backing file as it is now. l.mu is held.
+func (l *Layer) keptCopies(sp *layerSpace, p string) map[key]state {
+	kept := map[key]state{}
+	note := func(q string, up state) {
+		if up.T == "n" || up.T == "d" || up.T == "w" {
+			return
+		}
+		k := key{sp.name, q}
+		if was, ok := l.base[k]; ok {
+			kept[k] = was
+		} else if low, err := lowerState(sp.lowerFD, q); err == nil && sameEntry(sp, q, up, low) {
+			kept[k] = low
+		}
+	}
+	up, err := lowerState(sp.upperFD, p)
+	if err != nil {
+		return kept
+	}
+	note(p, up)
+	if up.T == "d" {
+		walkBacking(sp.upperFD, p, func(q string, cur state, err error) bool {
+			if err == nil {
+				note(q, cur)
+			}
+			return true
+		})
+	}
+	return kept
 }
 
 // discardOne drops c from the layer; whole: its entry went with all below

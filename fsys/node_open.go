@@ -397,7 +397,11 @@ func (n *node) openEntry(t *target, flags uint32) (*fileHandle, uint32, syscall.
 		n.view.auditDeny(t.d.atoms, n.space, t.path, "open of a special file")
 		return nil, 0, syscall.EACCES
 	}
-	if flags&syscall.O_TRUNC != 0 {
+	// overlayfs copies a file into a staged layer when it is opened for
+	// writing: the layer notes what the backing tree held then, so that a
+	// commit finds another writer's later change a conflict, whether or
+	// not the session wrote.
+	if flags&syscall.O_TRUNC != 0 || flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 && t.b.merged {
 		rec, errno := n.view.changing(n.space, t.path)
 		if errno != 0 {
 			return nil, 0, errno

@@ -1,0 +1,81 @@
+package changes
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/condfs/condfs/internal/testenv"
+)
+
+// TestStagedFileOpenedForWritingConflictsWithAnotherWritersChange:
+// overlayfs copies a file into the layer when it is opened for writing
+// (editors and databases open read-write and may never write). Until
+// another writer changes the backing file the copy is no change (the diff
+// lists nothing); after, a commit reports the path a conflict and leaves
+// the other writer's change be: never a silent overwrite with the copy.
+func TestStagedFileOpenedForWritingConflictsWithAnotherWritersChange(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `: 3<>a.txt`)
+	if got, _ := stagedDiff(d, "s"); len(got) != 0 {
+		t.Errorf("a file only opened for writing is listed as changed: %v", got)
+	}
+	os.WriteFile(ws+"/a.txt", []byte("host\n"), 0o644)
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
+		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
+		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
+	}
+}
+
+// TestStagedWriteThroughAnEarlierOpenConflictsWithAnotherWriter: a file
+// opened for writing before another writer changed it in the backing tree,
+// then written by the session, is a conflict at commit, never a silent
+// overwrite of the other writer's change.
+func TestStagedWriteThroughAnEarlierOpenConflictsWithAnotherWriter(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	sh := testenv.StartShell(t)
+	ok, id := sh.Do("open", mnt+"/workspace/a.txt")
+	if !ok {
+		t.Fatalf("open: %s", id)
+	}
+	os.WriteFile(ws+"/a.txt", []byte("host\n"), 0o644)
+	time.Sleep(500 * time.Millisecond) // past the backing watch's remount
+	if ok, out := sh.Do("write", id, "S"); !ok {
+		t.Fatalf("write: %s", out)
+	}
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
+		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
+		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
+	}
+}
+
+// TestStagedCopyOpenedForWritingKeepsItsBaseAcrossADiscard: a discard
+// leaves a file the session opened for writing but never changed (nothing
+// lists it; a descriptor may still be open on it), and what it was copied
+// from stays noted: a later change by another writer is a conflict at
+// commit, never overwritten by the copy.
+func TestStagedCopyOpenedForWritingKeepsItsBaseAcrossADiscard(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `: 3<>a.txt`)
+	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
+	os.WriteFile(ws+"/a.txt", []byte("host\n"), 0o644)
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
+		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
+		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
+	}
+}

@@ -61,7 +61,10 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 		l.dropOldWork(sp, work)
 		return nil
 	}
-	if !sp.mounted || !mountBeneath(sp, work) {
+	if err := asMounter(func() error {
+		if sp.mounted && mountBeneath(sp, work) {
+			return nil
+		}
 		if err := unmountUnder(sp.merged); err != nil {
 			return fmt.Errorf("staged: %w", err)
 		}
@@ -75,6 +78,9 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 			return fmt.Errorf("staged: mount the layer of %s: %w", sp.name, err)
 		}
 		sp.mounted = true
+		return nil
+	}); err != nil {
+		return err
 	}
 	fd, err := safepath.OpenDir(sp.merged)
 	if err != nil {
@@ -384,6 +390,36 @@ func fsmountOverlay(lower, upper, work string) (int, error) {
 		return -1, fmt.Errorf("fsmount: %w", err)
 	}
 	return m, nil
+}
+
+// asMounter runs f, which mounts a layer, on a thread of its own without
+// CAP_DAC_READ_SEARCH, the credentials overlayfs then acts with. Without
+// it, overlayfs notes no origin in a file it copies up (a file handle of
+// the backing file it came from; an unprivileged daemon's mounts never
+// have it either): with one, it takes the copy and that backing file for
+// one inode wherever both are seen, as they are once another writer moves
+// the backing file to another name (one answers ESTALE, and a listing of
+// its directory does, or it shows the other's content). A copy has then a
+// number of its own (its upper inode's) from the next mount on. The
+// thread is never given back: its goroutine exits locked, which ends it.
+func asMounter(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			errc <- fmt.Errorf("staged: capget: %w", err)
+			return
+		}
+		data[unix.CAP_DAC_READ_SEARCH/32].Effective &^= 1 << (unix.CAP_DAC_READ_SEARCH % 32)
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			errc <- fmt.Errorf("staged: capset: %w", err)
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
 }
 
 // mountBeneath mounts sp's layer afresh beneath the mount on its merged

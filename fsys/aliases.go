@@ -6,9 +6,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Two files of a staged view can have one inode number: overlayfs numbers
-// a file copied up into the layer as the backing file it came from, and
-// that backing file may be shown too, at another name (the backing tree's
+// Two files of a staged view can have one inode number: on the mount a
+// file was copied up on (the layer's later mounts number the copy as its
+// upper inode, changes.asMounter), overlayfs numbers the copy as the
+// backing file it came from, and that backing file may be shown too, at
+// another name (the backing tree's
 // writer renamed it, as build tools install a binary, or a discard gave its
 // name back). go-fuse makes one node of equal numbers, and an operation on
 // a node acts on the file at its newest name, whichever name the caller

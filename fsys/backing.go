@@ -194,7 +194,7 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 		switch {
 		case cur && under && !b.remounting.Load():
 			rel = beneath
-		case cur && under && b.isAt(beneath, &st):
+		case cur && under && b.isAt(beneath, &st, fd):
 			rel = beneath
 		default:
 			rel, past = abs, true
@@ -211,7 +211,7 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 	default:
 		return "", 0, false, false
 	}
-	if strings.HasSuffix(abs, " (deleted)") && !b.isAt(rel, &st) {
+	if strings.HasSuffix(abs, " (deleted)") && !b.isAt(rel, &st, fd) {
 		// The name it was opened by is gone (a file may really be called
 		// so: only the inode at that path can tell).
 		if st.Nlink == 0 {
@@ -219,14 +219,14 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 		}
 		return "", 0, false, false
 	}
-	if past && !b.isAt(rel, &st) {
+	if past && !b.isAt(rel, &st, fd) {
 		// A detached mount never sees a rename made through the current
 		// one (a node looked up before the remount opens through it
 		// still): the name it gives is the file's only if the current
 		// mount has the same file there, and so is the name the view
 		// last saw; else which name it has now is not known, and nothing
 		// is assumed.
-		if seen == "" || !b.isAt(seen, &st) {
+		if seen == "" || !b.isAt(seen, &st, fd) {
 			return "", 0, false, false
 		}
 		rel = seen
@@ -239,14 +239,32 @@ func (b *backing) spacePathSeen(fd int, seen string) (p string, nlink uint64, un
 // path would cross a FUSE mount a user made on a directory above a file
 // it named "f (deleted)", and every revocation (each reload, switch and
 // rename) would hang on its server.
-func (b *backing) isAt(rel string, st *unix.Stat_t) bool {
-	fd, err := b.open(rel, unix.O_PATH, 0)
+//
+// st is of the file open on fd: a merged backing's copy of a backing file
+// has another number on a mount after the one it was copied up on, and is
+// then known by its birth time (sameFile).
+func (b *backing) isAt(rel string, st *unix.Stat_t, fd int) bool {
+	at, err := b.open(rel, unix.O_PATH, 0)
 	if err != nil {
 		return false
 	}
-	defer unix.Close(fd)
-	var at unix.Stat_t
-	return b.fstat(fd, &at) == nil && at.Dev == st.Dev && at.Ino == st.Ino
+	defer unix.Close(at)
+	var ast unix.Stat_t
+	if b.fstat(at, &ast) != nil {
+		return false
+	}
+	if ast.Dev == st.Dev && ast.Ino == st.Ino {
+		return true
+	}
+	if !b.merged {
+		return false
+	}
+	x, err := b.identify(fd)
+	if err != nil {
+		return false
+	}
+	y, err := b.identify(at)
+	return err == nil && sameFile(x, y)
 }
 
 // linkFS names the filesystem whose link counts b's files have, by its

@@ -102,8 +102,8 @@ func (b *backing) openAgain(old int, p string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	var st, at unix.Stat_t
-	if err := b.fstat(old, &st); err != nil {
+	st, err := b.identify(old)
+	if err != nil {
 		return -1, err
 	}
 	pfd, err := b.open(p, unix.O_PATH, 0)
@@ -111,14 +111,14 @@ func (b *backing) openAgain(old int, p string) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(pfd)
-	if err := b.fstat(pfd, &at); err != nil || !sameFile(&st, &at) {
+	if at, err := b.identify(pfd); err != nil || !sameFile(st, at) {
 		return -1, errMoved
 	}
 	fd, err := reopen(pfd, info.flags)
 	if err != nil {
 		return -1, err
 	}
-	if err := b.fstat(fd, &at); err != nil || !sameFile(&st, &at) {
+	if at, err := b.identify(fd); err != nil || !sameFile(st, at) {
 		unix.Close(fd)
 		return -1, errMoved
 	}
@@ -135,15 +135,40 @@ func (b *backing) openAgain(old int, p string) (int, error) {
 	return fd, nil
 }
 
-// sameFile: a and b (as the view names devices) are one regular file.
-// overlayfs gives a file copied up into the layer the inode number of the
-// backing file it came from, so the number alone would take the backing
-// file, at a name whose copy a commit or discard took out of the layer,
-// for the copy: the change time tells them apart (both are read from the
-// real file, with the view held back).
-func sameFile(a, b *unix.Stat_t) bool {
-	return a.Dev == b.Dev && a.Ino == b.Ino && a.Ctim == b.Ctim &&
-		a.Mode&unix.S_IFMT == unix.S_IFREG && b.Mode&unix.S_IFMT == unix.S_IFREG
+// fileID is what tells a regular file of a merged backing from another
+// across its mounts.
+type fileID struct {
+	dev, ino     uint64
+	btime, ctime unix.StatxTimestamp
+	hasBtime     bool
+	regular      bool
+}
+
+// identify reads fd's fileID (its device as the view names it).
+func (b *backing) identify(fd int) (fileID, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW,
+		unix.STATX_TYPE|unix.STATX_INO|unix.STATX_CTIME|unix.STATX_BTIME, &stx); err != nil {
+		return fileID{}, err
+	}
+	return fileID{dev: b.canonDev(unix.Mkdev(stx.Dev_major, stx.Dev_minor)), ino: stx.Ino,
+		btime: stx.Btime, ctime: stx.Ctime, hasBtime: stx.Mask&unix.STATX_BTIME != 0,
+		regular: stx.Mode&unix.S_IFMT == unix.S_IFREG}, nil
+}
+
+// sameFile: a and b are one regular file. Both are read from the real
+// file (the layer's, or the backing tree's), with the view held back. A
+// file overlayfs copied up during a mount keeps, on that mount, the
+// number of the backing file it came from, and has its own (its upper
+// inode's) on the next: the birth time, with the change time, is then
+// what tells the copy (born at its copy-up) from any other file, the
+// backing file it came from included. Otherwise the number and the change
+// time do.
+func sameFile(a, b fileID) bool {
+	if !a.regular || !b.regular || a.dev != b.dev || a.ctime != b.ctime {
+		return false
+	}
+	return a.ino == b.ino || a.hasBtime && b.hasBtime && a.btime == b.btime
 }
 
 // fdInfo is what /proc/self/fdinfo tells of an open file description.

@@ -79,3 +79,31 @@ func TestStagedCopyOpenedForWritingKeepsItsBaseAcrossADiscard(t *testing.T) {
 		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
 	}
 }
+
+// TestStagedCopyAndTheBackingFileItCameFromAreTwoFiles: after another
+// writer moves a backing file the session has changed to another name,
+// the view shows both: the session's copy at its name and the backing
+// file at its new one, each with its own content, and lists both
+// directories (overlayfs took them for one file, by the origin it notes in
+// the copy: the second looked up answered ESTALE, and so did a listing of
+// its directory).
+func TestStagedCopyAndTheBackingFileItCameFromAreTwoFiles(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `printf mine > a.txt`)
+	if err := os.Rename(ws+"/a.txt", ws+"/d/moved.txt"); err != nil {
+		t.Fatal(err)
+	}
+	want := "alpha\n\nmine\nlisted"
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := testenv.ShAsNobody(t, mnt+"/workspace", `cat d/moved.txt; echo; cat a.txt; echo; ls . d >/dev/null && echo listed; true`)
+		if got == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the view shows %q; want %q", got, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

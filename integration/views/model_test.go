@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -532,7 +533,15 @@ func (m *model) stagedStep(i int) bool {
 	}
 	// A commit or a discard drops the session's checkpoints.
 	defer func() { m.cps = nil }()
+	if os.Getenv("DBG") != "" && i >= 2166 {
+		up := filepath.Join(filepath.Dir(filepath.Dir(m.shown)), "upper", "memories")
+		out, _ := exec.Command("sh", "-c", "find "+up+" -printf '%p %y %m %s %i\\n' -exec getfattr -d -m - {} + 2>&1 | head -100; echo BACKING; find "+m.h.Path("memories")+" -printf '%p %y %m %s %i %n\\n'; echo MERGED; find "+m.shown+" -printf '%p %y %m %s %i %n\\n'").CombinedOutput()
+		m.t.Logf("DBG step %d before %s:\n%s", i, method, out)
+	}
 	shown := testenv.BackingTree(m.t, m.shown)
+	if os.Getenv("DBG") != "" && i >= 2166 {
+		m.t.Logf("DBG shown %v", shown)
+	}
 	var res struct {
 		Committed, Discarded int
 		Conflicts            []struct{ Space, Path, Reason string }
@@ -790,6 +799,12 @@ var modelCases = []modelCase{
 	// then linked to a hidden name: overlayfs numbers the copy as that
 	// file (the model, fileID, must tell them apart; the view did).
 	{1796627961663959825, 578, true, true},
+	// A staged session's file opened for writing and never written, then
+	// a discard, then another writer's rename (step 1371: the commit wrote
+	// the copy over it, with no conflict); and a copy whose backing file
+	// another writer moved (step 2166: overlayfs took them for one inode,
+	// and a listing of the copy's directory answered ESTALE).
+	{1796628559853756721, 2167, true, true},
 }
 
 // TestModelRandom runs the fixed cases (modelCases). CONDFS_MODEL_SEED

@@ -420,7 +420,34 @@ func (l *Layer) Before(space, p string) error {
 	if err != nil {
 		return err
 	}
-	return l.noteBase(k, cur)
+	return l.noteBase(k, shown(sp, p, cur))
+}
+
+// shown is what the session's view shows at p, where the backing tree
+// holds cur: the entry the session changes, and so its base. overlayfs
+// looks a backing entry up once per mount, so until the layer is mounted
+// afresh (the backing watch does so a moment after a change) the view
+// shows, and a change copies up, what the backing tree held before
+// another writer replaced or removed it, or nothing where it made one:
+// noted so, the other writer's entry is a conflict at commit. Where the
+// layer holds an entry the view shows it, and a directory is noted as the
+// backing tree holds it (overlayfs numbers a merged one its own way).
+// l.mu is held.
+func shown(sp *layerSpace, p string, cur state) state {
+	if cur.T == "d" || sp.mergedFD < 0 {
+		return cur
+	}
+	if up, err := lowerState(sp.upperFD, p); err != nil || up.T != "n" {
+		return cur
+	}
+	seen, err := lowerState(sp.mergedFD, p)
+	if err != nil || seen.T == "d" {
+		return cur
+	}
+	if seen.T != cur.T || seen.T != "n" && changedSince(seen, cur) {
+		return seen
+	}
+	return cur
 }
 
 func (l *Layer) over() bool {

@@ -54,10 +54,7 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 		if err != nil {
 			return err
 		}
-		if sp.mergedFD >= 0 {
-			unix.Close(sp.mergedFD)
-		}
-		sp.mergedFD = fd
+		l.setMerged(sp, fd)
 		l.dropOldWork(sp, work)
 		return nil
 	}
@@ -86,12 +83,19 @@ func (l *Layer) mountSpace(sp *layerSpace) error {
 	if err != nil {
 		return fmt.Errorf("staged: merged %s: %w", sp.name, err)
 	}
+	l.setMerged(sp, fd)
+	l.dropOldWork(sp, work)
+	return nil
+}
+
+// setMerged makes fd sp's merged root (Before reads the view through it).
+func (l *Layer) setMerged(sp *layerSpace, fd int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if sp.mergedFD >= 0 {
 		unix.Close(sp.mergedFD)
 	}
 	sp.mergedFD = fd
-	l.dropOldWork(sp, work)
-	return nil
 }
 
 // dropOldWork removes the work directories of sp's earlier mounts.

@@ -107,3 +107,27 @@ func TestStagedCopyAndTheBackingFileItCameFromAreTwoFiles(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestStagedWriteToAFileTheViewShowsStaleConflicts: until the backing
+// watch mounts the layer afresh, the view shows a backing file replaced by
+// another writer (a rename over it) as it was; a write there copies the
+// old file into the layer. The commit finds the other writer's file a
+// conflict, never overwriting it with the old one's content.
+func TestStagedWriteToAFileTheViewShowsStaleConflicts(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt >/dev/null`)
+	os.WriteFile(ws+"/new.tmp", []byte("host\n"), 0o644)
+	if err := os.Rename(ws+"/new.tmp", ws+"/a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ShAsNobody(t, mnt+"/workspace", `printf S >> a.txt`)
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
+		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
+		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
+	}
+}

@@ -131,3 +131,23 @@ func TestStagedWriteToAFileTheViewShowsStaleConflicts(t *testing.T) {
 		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
 	}
 }
+
+// TestStagedFileMadeWhereTheViewShowsNothingConflicts: until the backing
+// watch mounts the layer afresh, the view shows no file at a name where
+// another writer has just made one; a file the session makes there is a
+// conflict at commit, never a silent overwrite of the other writer's.
+func TestStagedFileMadeWhereTheViewShowsNothingConflicts(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `cat n.txt 2>/dev/null; true`)
+	os.WriteFile(ws+"/n.txt", []byte("host\n"), 0o666)
+	testenv.ShAsNobody(t, mnt+"/workspace", `printf S > n.txt`)
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, _ := os.ReadFile(ws + "/n.txt"); string(b) != "host\n" {
+		t.Fatalf("commit %+v replaced another writer's file with %q", r, b)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/n.txt" {
+		t.Fatalf("commit: %+v; want /n.txt a conflict", r)
+	}
+}

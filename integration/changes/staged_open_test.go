@@ -151,3 +151,26 @@ func TestStagedFileMadeWhereTheViewShowsNothingConflicts(t *testing.T) {
 		t.Fatalf("commit: %+v; want /n.txt a conflict", r)
 	}
 }
+
+// TestStagedRemovalOfAFileTheViewShowsStaleConflicts: a file the session
+// removes while the view still shows what another writer has just
+// replaced by rename is a conflict at commit: the other writer's file
+// stays.
+func TestStagedRemovalOfAFileTheViewShowsStaleConflicts(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt >/dev/null`)
+	os.WriteFile(ws+"/new.tmp", []byte("host\n"), 0o644)
+	if err := os.Rename(ws+"/new.tmp", ws+"/a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.ShAsNobody(t, mnt+"/workspace", `rm a.txt`)
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, err := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
+		t.Fatalf("commit %+v removed another writer's file: %q %v", r, b, err)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
+		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
+	}
+}

@@ -1363,12 +1363,14 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 	return res, err
 }
 
-// keptCopies gives what the backing tree held, as base notes it, for each
-// file at or below p that the layer still holds after a discard: a copy
-// overlayfs made when the session opened a backing file for writing and
-// never changed (the same as the backing file, so no change lists it, and
-// a descriptor may still be open on it). A copy with no note is the
-// backing file as it is now. l.mu is held.
+// keptCopies gives the base to note for each file at or below p that the
+// layer still holds after a discard: a copy overlayfs made when the session
+// opened a backing file for writing and never changed (the same as the
+// backing file, so no change lists it, and a descriptor may still be open
+// on it). Like every path the discard leaves as the backing tree has it,
+// its base is the backing file as it is now: another writer's change
+// before the discard is none of the session's. One that differs (written
+// since the discard listed the layer) keeps the base it had. l.mu is held.
 func (l *Layer) keptCopies(sp *layerSpace, p string) map[key]state {
 	kept := map[key]state{}
 	note := func(q string, up state) {
@@ -1376,10 +1378,10 @@ func (l *Layer) keptCopies(sp *layerSpace, p string) map[key]state {
 			return
 		}
 		k := key{sp.name, q}
-		if was, ok := l.base[k]; ok {
-			kept[k] = was
-		} else if low, err := lowerState(sp.lowerFD, q); err == nil && sameEntry(sp, q, up, low) {
+		if low, err := lowerState(sp.lowerFD, q); err == nil && sameEntry(sp, q, up, low) {
 			kept[k] = low
+		} else if was, ok := l.base[k]; ok {
+			kept[k] = was
 		}
 	}
 	up, err := lowerState(sp.upperFD, p)

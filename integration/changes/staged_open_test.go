@@ -174,3 +174,27 @@ func TestStagedRemovalOfAFileTheViewShowsStaleConflicts(t *testing.T) {
 		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
 	}
 }
+
+// TestStagedDiscardLeavesNoConflictWithAChangeMadeBeforeIt: a discard
+// leaves the view as the backing tree is; another writer's change made
+// before it (to a file the session had only opened for writing) is no
+// conflict for what the session writes after.
+func TestStagedDiscardLeavesNoConflictWithAChangeMadeBeforeIt(t *testing.T) {
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	ws := d.Home.Path("workspace")
+	testenv.ShAsNobody(t, mnt+"/workspace", `: 3<>a.txt`)
+	then := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(ws+"/a.txt", then, then); err != nil {
+		t.Fatal(err)
+	}
+	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
+	testenv.ShAsNobody(t, mnt+"/workspace", `printf S >> a.txt`)
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if r.Committed != 1 || len(r.Conflicts) != 0 {
+		t.Fatalf("commit: %+v; want a.txt committed, no conflict", r)
+	}
+	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "alpha\nS" {
+		t.Fatalf("the backing file holds %q", b)
+	}
+}

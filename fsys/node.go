@@ -306,7 +306,7 @@ func (v *View) stableAttr(st *unix.Stat_t) fs.StableAttr {
 	}
 	// The generation keeps the views of one hub apart: go-fuse merges
 	// nodes with equal StableAttr, and a node belongs to one view.
-	return fs.StableAttr{Mode: st.Mode, Ino: ino, Gen: v.mnt.gen}
+	return fs.StableAttr{Mode: st.Mode, Ino: ino, Gen: v.mnt.gen + v.renumbered.of(ino)<<32}
 }
 
 // newChild makes (or finds) the node for the entry at path below n. The

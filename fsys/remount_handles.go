@@ -8,7 +8,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
+	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,6 +45,15 @@ import (
 // moveHandles moves the open files of space sp that are on a mount of b
 // other than its current one (b's root was just swapped) onto it, and
 // counts those moved and those left where they are.
+//
+// A node whose open file stays behind is not the node of what its number
+// names on the new mount: the file the remount took out of the layer has
+// no name there, and a backing file of the same number (overlayfs numbers a
+// copy as the backing file it came from on the mount it was copied up on)
+// may be shown at another. go-fuse would give that file the same node, and
+// the kernel one page cache: the kept file's reads, refused by the daemon,
+// would be answered from the other file's pages. Such a number's later
+// nodes get a generation of their own.
 func (v *View) moveHandles(sp space, b *backing) (moved, kept int) {
 	for _, h := range v.handles.all() {
 		if h.node.space != sp {
@@ -52,9 +64,36 @@ func (v *View) moveHandles(sp space, b *backing) (moved, kept int) {
 			moved++
 		case handleKept:
 			kept++
+			v.renumbered.bump(h.node.StableAttr())
 		}
 	}
 	return moved, kept
+}
+
+// renumbered counts, per inode number (StableAttr.Ino), how often a node of
+// it was left holding a file on a detached mount.
+type renumbered struct {
+	n atomic.Int32 // entries in m: a view with none pays one load
+	m sync.Map     // uint64 → uint64
+}
+
+// bump makes the number's next nodes differ from a (and from every node
+// it had before).
+func (r *renumbered) bump(a fs.StableAttr) {
+	g := r.of(a.Ino) + 1
+	if _, loaded := r.m.Swap(a.Ino, g); !loaded {
+		r.n.Add(1)
+	}
+}
+
+// of is the number's generation offset (0 for most).
+func (r *renumbered) of(ino uint64) uint64 {
+	if r.n.Load() == 0 {
+		return 0
+	}
+	g, _ := r.m.Load(ino)
+	n, _ := g.(uint64)
+	return n
 }
 
 const (

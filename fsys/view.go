@@ -129,6 +129,10 @@ type Options struct {
 // cache_listing.go), the open files (handles), acting as callers (caller,
 // acting.go) and counters (stats).
 type View struct {
+	// renumbered: StableAttr generations of the numbers whose node an
+	// open file left on a detached mount holds (remount_handles.go).
+	renumbered renumbered
+
 	host    *Host
 	opts    Options
 	log     *slog.Logger

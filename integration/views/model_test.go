@@ -805,6 +805,10 @@ var modelCases = []modelCase{
 	// another writer moved (step 2166: overlayfs took them for one inode,
 	// and a listing of the copy's directory answered ESTALE).
 	{1796628559853756721, 2167, true, true},
+	// A held copy a rollback took out of the layer, whose backing file
+	// another writer had moved to a name the view shows: the kernel read
+	// that file's cached pages through the held copy's node.
+	{1796631299988349963, 207, true, true},
 }
 
 // TestModelRandom runs the fixed cases (modelCases). CONDFS_MODEL_SEED

@@ -488,6 +488,33 @@ func (l *Layer) forgetBase(k key) error {
 	return nil
 }
 
+// forgetKeeping is forgetBase of k, then noteBase of each kept path, in
+// one append: a crash between them would leave a kept copy no base, and
+// the session's next change to it would take another writer's change
+// since as its base. l.mu is held.
+func (l *Layer) forgetKeeping(k key, kept map[key]state) error {
+	recs := []record{{K: kindForget, S: k.space, P: k.path}}
+	for kk, st := range kept {
+		recs = append(recs, record{K: kindBefore, S: kk.space, P: kk.path, St: st})
+	}
+	var buf []byte
+	for _, r := range recs {
+		data, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		buf = append(append(buf, data...), '\n')
+	}
+	if _, err := l.baseF.Write(buf); err != nil {
+		return fmt.Errorf("staged: note %s: %w", k.path, err)
+	}
+	l.dropBase(k)
+	for kk, st := range kept {
+		l.base[kk] = st
+	}
+	return nil
+}
+
 func (l *Layer) dropBase(k key) {
 	delete(l.base, k)
 	for b := range l.base {
@@ -1344,11 +1371,7 @@ func (l *Layer) Discard(sel []Selector) (DiscardResult, error) {
 		// path noted for an operation that then failed would otherwise
 		// keep what the backing tree held before the discard).
 		forget := func(k key) {
-			kept := l.keptCopies(l.spaces[k.space], k.path)
-			err = errors.Join(err, l.forgetBase(k))
-			for kk, st := range kept {
-				err = errors.Join(err, l.noteBase(kk, st))
-			}
+			err = errors.Join(err, l.forgetKeeping(k, l.keptCopies(l.spaces[k.space], k.path)))
 		}
 		if len(sel) == 0 {
 			for _, name := range l.names {

@@ -108,13 +108,19 @@ func TestStagedCopyAndTheBackingFileItCameFromAreTwoFiles(t *testing.T) {
 	}
 }
 
-// TestStagedWriteToAFileTheViewShowsStaleConflicts: until the backing
-// watch mounts the layer afresh, the view shows a backing file replaced by
+// staleUntilCommit turns the backing watch off: the layer is mounted afresh
+// only at commits, discards and rollbacks, so a view shows an entry another
+// writer replaced as it was for as long as a test needs (with the watch,
+// for up to 200 ms and a remount).
+const staleUntilCommit = "--staged-watch=false"
+
+// TestStagedWriteToAFileTheViewShowsStaleConflicts: until the layer is
+// mounted afresh, the view shows a backing file replaced by
 // another writer (a rename over it) as it was; a write there copies the
 // old file into the layer. The commit finds the other writer's file a
 // conflict, never overwriting it with the old one's content.
 func TestStagedWriteToAFileTheViewShowsStaleConflicts(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, staleUntilCommit)
 	ws := d.Home.Path("workspace")
 	testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt >/dev/null`)
 	os.WriteFile(ws+"/new.tmp", []byte("host\n"), 0o644)
@@ -132,12 +138,12 @@ func TestStagedWriteToAFileTheViewShowsStaleConflicts(t *testing.T) {
 	}
 }
 
-// TestStagedFileMadeWhereTheViewShowsNothingConflicts: until the backing
-// watch mounts the layer afresh, the view shows no file at a name where
+// TestStagedFileMadeWhereTheViewShowsNothingConflicts: until the layer is
+// mounted afresh, the view shows no file at a name where
 // another writer has just made one; a file the session makes there is a
 // conflict at commit, never a silent overwrite of the other writer's.
 func TestStagedFileMadeWhereTheViewShowsNothingConflicts(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, staleUntilCommit)
 	ws := d.Home.Path("workspace")
 	testenv.ShAsNobody(t, mnt+"/workspace", `cat n.txt 2>/dev/null; true`)
 	os.WriteFile(ws+"/n.txt", []byte("host\n"), 0o666)
@@ -157,7 +163,7 @@ func TestStagedFileMadeWhereTheViewShowsNothingConflicts(t *testing.T) {
 // replaced by rename is a conflict at commit: the other writer's file
 // stays.
 func TestStagedRemovalOfAFileTheViewShowsStaleConflicts(t *testing.T) {
-	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil)
+	d, mnt, _ := stagedHome(t, testenv.ChangesRules, nil, staleUntilCommit)
 	ws := d.Home.Path("workspace")
 	testenv.ShAsNobody(t, mnt+"/workspace", `cat a.txt >/dev/null`)
 	os.WriteFile(ws+"/new.tmp", []byte("host\n"), 0o644)

@@ -22,14 +22,7 @@ func TestStagedFileOpenedForWritingConflictsWithAnotherWritersChange(t *testing.
 		t.Errorf("a file only opened for writing is listed as changed: %v", got)
 	}
 	os.WriteFile(ws+"/a.txt", []byte("host\n"), 0o644)
-	var r commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
-	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
-		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
-	}
-	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
-		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
-	}
+	commitLeavesHostsFile(t, d, "/a.txt")
 }
 
 // TestStagedWriteThroughAnEarlierOpenConflictsWithAnotherWriter: a file
@@ -49,14 +42,7 @@ func TestStagedWriteThroughAnEarlierOpenConflictsWithAnotherWriter(t *testing.T)
 	if ok, out := sh.Do("write", id, "S"); !ok {
 		t.Fatalf("write: %s", out)
 	}
-	var r commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
-	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
-		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
-	}
-	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
-		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
-	}
+	commitLeavesHostsFile(t, d, "/a.txt")
 }
 
 // TestStagedCopyOpenedForWritingKeepsItsBaseAcrossADiscard: a discard
@@ -70,14 +56,7 @@ func TestStagedCopyOpenedForWritingKeepsItsBaseAcrossADiscard(t *testing.T) {
 	testenv.ShAsNobody(t, mnt+"/workspace", `: 3<>a.txt`)
 	d.Call("changes.discard", map[string]any{"session": "s"}, nil)
 	os.WriteFile(ws+"/a.txt", []byte("host\n"), 0o644)
-	var r commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
-	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
-		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
-	}
-	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
-		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
-	}
+	commitLeavesHostsFile(t, d, "/a.txt")
 }
 
 // TestStagedCopyAndTheBackingFileItCameFromAreTwoFiles: after another
@@ -128,14 +107,7 @@ func TestStagedWriteToAFileTheViewShowsStaleConflicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.ShAsNobody(t, mnt+"/workspace", `printf S >> a.txt`)
-	var r commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
-	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
-		t.Fatalf("commit %+v replaced another writer's change with %q", r, b)
-	}
-	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
-		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
-	}
+	commitLeavesHostsFile(t, d, "/a.txt")
 }
 
 // TestStagedFileMadeWhereTheViewShowsNothingConflicts: until the layer is
@@ -148,14 +120,7 @@ func TestStagedFileMadeWhereTheViewShowsNothingConflicts(t *testing.T) {
 	testenv.ShAsNobody(t, mnt+"/workspace", `cat n.txt 2>/dev/null; true`)
 	os.WriteFile(ws+"/n.txt", []byte("host\n"), 0o666)
 	testenv.ShAsNobody(t, mnt+"/workspace", `printf S > n.txt`)
-	var r commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
-	if b, _ := os.ReadFile(ws + "/n.txt"); string(b) != "host\n" {
-		t.Fatalf("commit %+v replaced another writer's file with %q", r, b)
-	}
-	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/n.txt" {
-		t.Fatalf("commit: %+v; want /n.txt a conflict", r)
-	}
+	commitLeavesHostsFile(t, d, "/n.txt")
 }
 
 // TestStagedRemovalOfAFileTheViewShowsStaleConflicts: a file the session
@@ -171,14 +136,7 @@ func TestStagedRemovalOfAFileTheViewShowsStaleConflicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.ShAsNobody(t, mnt+"/workspace", `rm a.txt`)
-	var r commitResult
-	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
-	if b, err := os.ReadFile(ws + "/a.txt"); string(b) != "host\n" {
-		t.Fatalf("commit %+v removed another writer's file: %q %v", r, b, err)
-	}
-	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != "/a.txt" {
-		t.Fatalf("commit: %+v; want /a.txt a conflict", r)
-	}
+	commitLeavesHostsFile(t, d, "/a.txt")
 }
 
 // TestStagedDiscardLeavesNoConflictWithAChangeMadeBeforeIt: a discard
@@ -202,5 +160,20 @@ func TestStagedDiscardLeavesNoConflictWithAChangeMadeBeforeIt(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(ws + "/a.txt"); string(b) != "alpha\nS" {
 		t.Fatalf("the backing file holds %q", b)
+	}
+}
+
+// commitLeavesHostsFile commits the session "s" and wants p (in workspace)
+// reported as the one conflict, the backing tree still holding the other
+// writer's "host\n" there.
+func commitLeavesHostsFile(t *testing.T, d *testenv.Daemon, p string) {
+	t.Helper()
+	var r commitResult
+	d.Call("changes.commit", map[string]any{"session": "s"}, &r)
+	if b, err := os.ReadFile(d.Home.Path("workspace" + p)); string(b) != "host\n" {
+		t.Fatalf("commit %+v left %q at %s (%v), not the other writer's file", r, b, p, err)
+	}
+	if len(r.Conflicts) != 1 || r.Conflicts[0].Path != p {
+		t.Fatalf("commit: %+v; want %s a conflict", r, p)
 	}
 }
